@@ -1,0 +1,56 @@
+"""mpinb: interactive parallel machine learning on MPI, from Jupyter.
+
+Engine-side helpers are *collective* (every rank calls them) or *local*; client helpers run in the
+notebook kernel and never initialise MPI there. Importing this package imports NumPy only.
+"""
+
+from __future__ import annotations
+
+from mpinb.comm import World, allreduce, bcast, gather_rows, limit_threads, on_root, rprint, world
+from mpinb.errors import CollectiveMismatchError, check_all, check_same, raise_together
+from mpinb.shards import shard, shard_bounds
+
+__version__ = "0.1.0"
+
+# Heavy parts load on first use, so ``import mpinb`` stays fast and never starts MPI in a notebook.
+_LAZY = {
+    "KMeans": "mpinb.kmeans",
+}
+
+__all__ = [
+    "CollectiveMismatchError",
+    "KMeans",
+    "World",
+    "__version__",
+    "allreduce",
+    "bcast",
+    "check_all",
+    "check_same",
+    "gather_rows",
+    "limit_threads",
+    "on_root",
+    "raise_together",
+    "rprint",
+    "shard",
+    "shard_bounds",
+    "world",
+]
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        if name in ("data", "keras", "kmeans", "live", "plotting", "client", "interrupt", "launch"):
+            import importlib
+
+            return importlib.import_module(f"mpinb.{name}")
+        raise AttributeError(f"module 'mpinb' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Run mpinb's whole test suite: ``python3 tests/run.py``.
+
+Works on a fresh clone with only Python 3.11+: it creates ``.venv`` (MPI from the ``mpich`` wheel,
+TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
+
+- ``unit``       one process, ``pytest tests/unit``;
+- ``mpi``        ``mpiexec -n N python -m mpi4py -m pytest tests/mpi`` for N in 1, 2, 3, 4, each under a
+                 hard timeout (an exception on one rank aborts the job instead of hanging it);
+- ``notebooks``  tests that start real MPI engine clusters and execute the tutorial notebooks.
+
+Afterwards it checks that no process started by the tests is still running, and prints one closing
+line ``N passed, N failed, N skipped``. Options: ``--tier NAME`` (repeatable), ``-k EXPR``, ``--np 2,4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+TIERS = ("unit", "mpi", "notebooks")
+MPI_SIZES = (1, 2, 3, 4)
+# Hard limits: a hung collective ends the run instead of eating CI's budget.
+TIER_TIMEOUT = {"unit": 600, "mpi": 480, "notebooks": 900}
+PER_TEST_TIMEOUT = 180
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def ensure_venv() -> None:
+    """Create or refresh .venv so the suite runs the same on a fresh machine as here."""
+    stamp = VENV / ".mpinb-install-stamp"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == want and venv_python().exists():
+        return
+    if not venv_python().exists():
+        print(f"[run.py] creating {VENV}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    print("[run.py] installing mpinb[all] into .venv (first run takes a few minutes)", flush=True)
+    pip = [str(venv_python()), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[all]"], check=True, cwd=ROOT)
+    stamp.write_text(want)
+
+
+def in_venv() -> bool:
+    return Path(sys.prefix).resolve() == VENV.resolve()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tier", action="append", choices=TIERS, help="run only these tiers")
+    parser.add_argument("-k", dest="keyword", help="pytest -k expression")
+    parser.add_argument("--np", default=",".join(map(str, MPI_SIZES)), help="MPI world sizes (default 1,2,3,4)")
+    parser.add_argument("--no-install", action="store_true", help="use the current Python as is")
+    args = parser.parse_args()
+
+    if not args.no_install and not in_venv():
+        ensure_venv()
+        os.execv(str(venv_python()), [str(venv_python()), __file__, *sys.argv[1:]])
+
+    run_id = uuid.uuid4().hex
+    reports = Path(tempfile.mkdtemp(prefix="mpinb-test-reports-"))
+    env = dict(os.environ, MPINB_TEST_RUN_ID=run_id, MPINB_TEST_REPORT_DIR=str(reports), PYTHONUNBUFFERED="1")
+    env.setdefault("MPLBACKEND", "Agg")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("IPP_NONINTERACTIVE", "1")
+    # Put the venv's mpiexec first on PATH for anything the tests start.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    extra = ["-k", args.keyword] if args.keyword else []
+
+    failures: list[str] = []
+    started = time.monotonic()
+    for tier in args.tier or TIERS:
+        tier_dir = ROOT / "tests" / tier
+        if not any(tier_dir.glob("test_*.py")):
+            print(f"[run.py] tier {tier}: no tests yet", flush=True)
+            continue
+        if tier == "mpi":
+            for n in (int(s) for s in args.np.split(",")):
+                t0 = time.monotonic()
+                print(f"\n[run.py] tier mpi at {n} rank(s)", flush=True)
+                code = run_mpi_tier(n, env, extra)
+                print(f"[run.py] tier mpi at {n} rank(s): exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
+                if code != 0:
+                    failures.append(f"mpi -n {n} (exit {code})")
+        else:
+            t0 = time.monotonic()
+            print(f"\n[run.py] tier {tier}", flush=True)
+            code = run(
+                [sys.executable, "-m", "pytest", str(tier_dir), "-q", f"--timeout={PER_TEST_TIMEOUT}", *extra],
+                dict(env, MPINB_TEST_TIER=tier),
+                TIER_TIMEOUT[tier],
+            )
+            print(f"[run.py] tier {tier}: exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
+            if code not in (0, 5):
+                failures.append(f"{tier} (exit {code})")
+
+    leftovers = processes_with_marker(run_id)
+    if leftovers:
+        failures.append(f"{len(leftovers)} process(es) left running by the tests")
+        print("[run.py] processes left behind by the tests (killed now):", flush=True)
+        for pid, cmd in leftovers:
+            print(f"    {pid} {cmd}", flush=True)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    passed, failed, skipped = tally(reports)
+    shutil.rmtree(reports, ignore_errors=True)
+    failed = max(failed, len(failures)) if failures else failed
+    print(f"\n[run.py] {time.monotonic() - started:.0f} s in all" + (f"; failed: {', '.join(failures)}" if failures else ""))
+    print(f"{passed} passed, {failed} failed, {skipped} skipped", flush=True)
+    return 1 if failures or failed else 0
+
+
+def run_mpi_tier(n: int, env: dict[str, str], extra: list[str]) -> int:
+    from mpinb.launch import find_mpiexec, mpi_env
+
+    cmd = [
+        find_mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "pytest", str(ROOT / "tests" / "mpi"),
+        "-q", "-x", f"--timeout={PER_TEST_TIMEOUT}", "--timeout-method=thread", *extra,
+    ]
+    return run(cmd, dict(mpi_env(n, base=env), MPINB_TEST_TIER="mpi"), TIER_TIMEOUT["mpi"])
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float) -> int:
+    """Run in a new session; on timeout kill the whole group so no rank survives."""
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"[run.py] TIMEOUT after {timeout} s: {' '.join(cmd[:8])} ... killed", flush=True)
+        return 124
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+
+
+def processes_with_marker(run_id: str) -> list[tuple[int, str]]:
+    """Processes whose environment carries this run's id: everything the tests started."""
+    found = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            if f"MPINB_TEST_RUN_ID={run_id}".encode() not in environ.split(b"\0"):
+                continue
+            stat = (entry / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # a zombie waiting for its parent (this process) to reap it
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError):
+            continue
+        found.append((int(entry.name), cmd))
+    return found
+
+
+def tally(reports: Path) -> tuple[int, int, int]:
+    """Sum counts over pytest processes; under MPI, rank 0 speaks for its world (all ranks ran the
+    same tests), but a failure on any rank counts."""
+    passed = failed = skipped = 0
+    for path in sorted(reports.glob("*.json")):
+        data = json.loads(path.read_text())
+        is_secondary_rank = "-rank" in data["name"] and not data["name"].endswith("-rank0")
+        if not is_secondary_rank:
+            passed += data["passed"]
+            skipped += data["skipped"]
+            failed += data["failed"] + data["error"]
+        elif data["failed"] + data["error"]:
+            failed += data["failed"] + data["error"]
+    return passed, failed, skipped
+
+
+if __name__ == "__main__":
+    sys.exit(main())
