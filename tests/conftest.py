@@ -5,24 +5,38 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # for ``import mpitools``
 
+_COUNTS: Counter[str] = Counter()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Counted here rather than read off the terminal reporter, which secondary MPI ranks switch off.
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        if report.passed:
+            _COUNTS["passed"] += 1
+        elif report.skipped:
+            _COUNTS["skipped"] += 1
+        else:
+            _COUNTS["failed" if report.when == "call" else "error"] += 1
+    elif report.when == "teardown" and report.failed:
+        _COUNTS["error"] += 1
+
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     out = os.environ.get("MPINB_TEST_REPORT_DIR")
     if not out:
         return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    stats = reporter.stats if reporter else {}
-    counts = {key: len(stats.get(key, [])) for key in ("passed", "failed", "error", "skipped")}
     name = os.environ.get("MPINB_TEST_TIER", "pytest")
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         world = mpi.COMM_WORLD
         name += f"-n{world.Get_size()}-rank{world.Get_rank()}"
+    counts = {key: _COUNTS[key] for key in ("passed", "failed", "error", "skipped")}
     path = Path(out) / f"{name}.json"
     path.write_text(json.dumps({"name": name, "exitstatus": int(exitstatus), **counts}))

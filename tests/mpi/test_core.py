@@ -1,0 +1,269 @@
+"""The core collectives under mpiexec: correct reduced values, and every error raised on every rank."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpinb
+from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
+
+RANK = MPI.COMM_WORLD.Get_rank()
+SIZE = MPI.COMM_WORLD.Get_size()
+
+
+def test_world_describes_rank_and_node(any_comm) -> None:
+    w = mpinb.world(any_comm)
+    assert (w.rank, w.size) == (any_comm.Get_rank(), any_comm.Get_size())
+    assert w.is_root == (w.rank == 0)
+    assert 0 <= w.local_rank < w.local_size <= w.size
+    assert w.comm is any_comm
+    # All ranks of this test run on one machine: the node split must count all of them.
+    assert w.local_size == w.size and w.local_rank == w.rank
+    assert_same_everywhere(w.host.encode(), any_comm)
+
+
+def test_allreduce_mixed_shapes_and_dtypes(any_comm) -> None:
+    r, p = any_comm.Get_rank(), any_comm.Get_size()
+    arrays = [
+        np.full((3, 4), r + 1.0),
+        np.arange(5, dtype=np.int32) * (r + 1),
+        np.float32(r),
+        7,
+        np.array([r % 2 == 0, True]),
+        np.full(2, r, dtype=np.float16),
+        np.array([1 + 1j * r]),
+    ]
+    out = mpinb.allreduce(arrays, comm=any_comm)
+    ranks = np.arange(p)
+    np.testing.assert_array_equal(out[0], np.full((3, 4), (ranks + 1).sum(), dtype=float))
+    assert out[1].dtype == np.int32 and out[1].shape == (5,)
+    np.testing.assert_array_equal(out[1], np.arange(5) * (ranks + 1).sum())
+    assert out[2].dtype == np.float32 and np.ndim(out[2]) == 0 and out[2] == ranks.sum()
+    assert out[3] == 7 * p
+    assert out[4].dtype == np.int64  # booleans are counted
+    np.testing.assert_array_equal(out[4], [(ranks % 2 == 0).sum(), p])
+    assert out[5].dtype == np.float16 and out[5][0] == ranks.sum()
+    assert out[6][0] == p + 1j * ranks.sum()
+
+
+@pytest.mark.parametrize("op", ["mean", "min", "max"])
+def test_allreduce_ops(op: str, any_comm) -> None:
+    r, p = any_comm.Get_rank(), any_comm.Get_size()
+    vals = np.array([r, -r, 10 + r], dtype=np.int64)
+    flags = np.array([r == 0, True])
+    got, got_flags = mpinb.allreduce([vals, flags], op=op, comm=any_comm)
+    table = np.array([[q, -q, 10 + q] for q in range(p)])
+    expect = {"mean": table.mean(axis=0), "min": table.min(axis=0), "max": table.max(axis=0)}[op]
+    np.testing.assert_allclose(got, expect)
+    if op == "mean":
+        assert got.dtype == np.float64
+    else:
+        assert got.dtype == np.int64
+        want = [p == 1, True] if op == "min" else [True, True]
+        np.testing.assert_array_equal(got_flags, want)
+
+
+def test_allreduce_single_array_and_empty_list(any_comm) -> None:
+    (only,) = mpinb.allreduce(np.ones(3), comm=any_comm)
+    np.testing.assert_array_equal(only, np.full(3, any_comm.Get_size()))
+    assert mpinb.allreduce([], comm=any_comm) == []
+
+
+def test_allreduce_result_does_not_alias_the_scratch_buffer(any_comm) -> None:
+    (first,) = mpinb.allreduce([np.ones(4)], comm=any_comm)
+    (second,) = mpinb.allreduce([np.full(4, 2.0)], comm=any_comm)
+    np.testing.assert_array_equal(first, np.full(4, any_comm.Get_size()))
+    np.testing.assert_array_equal(second, np.full(4, 2.0 * any_comm.Get_size()))
+
+
+def test_allreduce_uses_one_buffer_collective_per_dtype(comm) -> None:
+    calls: list[int] = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(comm, name)
+
+        def Allreduce(self, *args, **kwargs):  # noqa: N802 - MPI's name
+            calls.append(1)
+            return comm.Allreduce(*args, **kwargs)
+
+    arrays = [np.ones(3), np.ones((2, 2)), np.int32(1), np.ones(5, dtype=np.int32), np.ones(1)]
+    mpinb.allreduce(arrays, comm=Counting())
+    # One two-integer layout check plus one per dtype (float64, int32); none on one rank.
+    assert len(calls) == (0 if SIZE == 1 else 3)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_allreduce_shape_mismatch_raises_everywhere(comm) -> None:
+    shape = (3,) if RANK != 1 else (4,)
+    with raises_everywhere(mpinb.CollectiveMismatchError, match=r"shapes, dtypes and op must be the same on every rank"):
+        mpinb.allreduce([np.ones(2), np.ones(shape)], comm=comm)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_allreduce_dtype_mismatch_raises_everywhere(comm) -> None:
+    value = 1.0 if RANK == SIZE - 1 else 1
+    with raises_everywhere(mpinb.CollectiveMismatchError, match=f"rank {SIZE - 1}: "):
+        mpinb.allreduce([value], comm=comm)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_allreduce_count_and_op_mismatch_raise_everywhere(comm) -> None:
+    items = [np.ones(2)] * (2 if RANK == 0 else 1)
+    with raises_everywhere(mpinb.CollectiveMismatchError):
+        mpinb.allreduce(items, comm=comm)
+    with raises_everywhere(mpinb.CollectiveMismatchError, match="'max'"):
+        mpinb.allreduce([np.ones(2)], op="max" if RANK == 0 else "sum", comm=comm)
+
+
+def test_bcast_array_by_buffer_and_objects(any_comm) -> None:
+    root = any_comm.Get_size() - 1
+    mine = np.arange(12.0).reshape(3, 4) if any_comm.Get_rank() == root else None
+    got = mpinb.bcast(mine, root=root, comm=any_comm)
+    np.testing.assert_array_equal(got, np.arange(12.0).reshape(3, 4))
+    assert got.flags.writeable
+    obj = {"lr": 0.1, "names": ["a", "b"]} if any_comm.Get_rank() == 0 else None
+    assert mpinb.bcast(obj, comm=any_comm) == {"lr": 0.1, "names": ["a", "b"]}
+
+
+def test_bcast_unpicklable_raises_everywhere(comm) -> None:
+    obj = (lambda x: x) if RANK == 0 else None
+    with raises_everywhere(TypeError, match="bcast could not pickle function on rank 0"):
+        mpinb.bcast(obj, comm=comm) if SIZE > 1 else (_ for _ in ()).throw(
+            TypeError("bcast could not pickle function on rank 0")
+        )
+
+
+def test_bcast_bad_root_raises_everywhere(comm) -> None:
+    with raises_everywhere(ValueError, match=f"root must be a rank between 0 and {SIZE - 1}; got {SIZE}"):
+        mpinb.bcast(1, root=SIZE, comm=comm)
+
+
+def test_gather_rows_uneven_in_rank_order(any_comm) -> None:
+    r, p = any_comm.Get_rank(), any_comm.Get_size()
+    local = np.full((r + 1, 2), r, dtype=np.int16)  # rank r has r+1 rows; rank 0 may be the only one
+    everywhere = mpinb.gather_rows(local, root=None, comm=any_comm)
+    expect = np.concatenate([np.full((q + 1, 2), q, dtype=np.int16) for q in range(p)])
+    np.testing.assert_array_equal(everywhere, expect)
+    assert everywhere.dtype == np.int16
+    at_root = mpinb.gather_rows(local, comm=any_comm)
+    if r == 0:
+        np.testing.assert_array_equal(at_root, expect)
+    else:
+        assert at_root is None
+
+
+def test_gather_rows_empty_shards_and_1d(any_comm) -> None:
+    r = any_comm.Get_rank()
+    local = np.arange(3.0) + 10 * r if r % 2 == 0 else np.empty(0)
+    got = mpinb.gather_rows(local, root=None, comm=any_comm)
+    expect = np.concatenate([np.arange(3.0) + 10 * q for q in range(any_comm.Get_size()) if q % 2 == 0])
+    np.testing.assert_array_equal(got, expect)
+
+
+def test_gather_rows_objects_fall_back_to_pickle(any_comm) -> None:
+    got = mpinb.gather_rows(np.array([f"r{any_comm.Get_rank()}"]), root=None, comm=any_comm)
+    assert list(got) == [f"r{q}" for q in range(any_comm.Get_size())]
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_gather_rows_width_mismatch_raises_everywhere(comm) -> None:
+    local = np.zeros((2, 3 if RANK == 1 else 2))
+    with raises_everywhere(mpinb.CollectiveMismatchError, match=r"rank 1: rows of shape \(3,\)"):
+        mpinb.gather_rows(local, comm=comm)
+
+
+def test_check_all_names_failing_ranks(comm) -> None:
+    mpinb.check_all(True, "never shown", comm=comm)
+    bad = SIZE - 1
+    with raises_everywhere(RuntimeError, match=rf"shard is empty \[on {'the only rank' if SIZE == 1 else f'rank {bad} of {SIZE}'}\]"):
+        mpinb.check_all(RANK != bad, "shard is empty", comm=comm, exc=RuntimeError)
+
+
+def test_check_all_combines_different_messages(comm) -> None:
+    with raises_everywhere(ValueError) as info:
+        mpinb.check_all(False, f"rank-specific detail {RANK}", comm=comm)
+    if SIZE > 1:
+        assert "rank 0: rank-specific detail 0; rank 1: rank-specific detail 1" in str(info.value)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_check_same_detects_hyperparameter_mismatch(comm) -> None:
+    mpinb.check_same({"k": 5}, "n_clusters", comm=comm)
+    with raises_everywhere(mpinb.CollectiveMismatchError, match=r"n_clusters must be the same on every rank.*rank 1: 6"):
+        mpinb.check_same(6 if RANK == 1 else 5, "n_clusters", comm=comm)
+
+
+def test_raise_together_spreads_the_first_failure(comm) -> None:
+    with raises_everywhere(KeyError, match="missing column"):
+        with mpinb.raise_together(comm=comm):
+            if RANK == SIZE - 1:
+                raise KeyError("missing column")
+    with mpinb.raise_together(comm=comm):
+        pass  # nothing raised anywhere: nothing raised
+
+
+def test_on_root_returns_everywhere(any_comm) -> None:
+    got = mpinb.on_root(lambda a, b=0: np.arange(a) + b, 4, b=any_comm.Get_size(), comm=any_comm)
+    np.testing.assert_array_equal(got, np.arange(4) + any_comm.Get_size())
+
+
+def test_on_root_reraises_roots_exception_everywhere(comm) -> None:
+    def boom() -> None:
+        raise FileNotFoundError("config.yaml not found")
+
+    with raises_everywhere(FileNotFoundError, match="config.yaml not found") as info:
+        mpinb.on_root(boom, comm=comm)
+    if RANK > 0:
+        assert any("mpinb.on_root" in note for note in info.value.__notes__)
+
+
+def test_on_root_runs_only_on_root(comm, tmp_path_factory) -> None:
+    calls = []
+    mpinb.on_root(calls.append, 1, comm=comm)
+    assert_everywhere(len(calls) == (1 if RANK == 0 else 0), "on_root ran fn on root only", comm)
+
+
+def test_rprint_orders_by_rank(comm) -> None:
+    buf = io.StringIO()
+    mpinb.rprint("hello", RANK, comm=comm, file=buf)
+    lines = buf.getvalue().splitlines()
+    if RANK == 0:
+        assert lines == [f"[rank {r}/{SIZE}] hello {r}" for r in range(SIZE)]
+    else:
+        assert lines == []
+    buf = io.StringIO()
+    mpinb.rprint("only root", comm=comm, root_only=True, file=buf)
+    assert buf.getvalue() == (f"[rank 0/{SIZE}] only root\n" if RANK == 0 else "")
+
+
+def test_limit_threads_shares_the_node(comm) -> None:
+    from threadpoolctl import threadpool_info
+
+    n = mpinb.limit_threads(comm=comm)
+    cores = len(os.sched_getaffinity(0))
+    assert n == max(1, cores // SIZE)
+    assert os.environ["OMP_NUM_THREADS"] == str(n)
+    assert all(pool["num_threads"] <= n for pool in threadpool_info())
+    assert mpinb.limit_threads(1, comm=comm) == 1
+
+
+def test_shard_gives_each_rank_its_slice(any_comm) -> None:
+    X = np.arange(22).reshape(11, 2)
+    y = np.arange(11)
+    Xs, ys = mpinb.shard(X, y, comm=any_comm)
+    lo, hi = mpinb.shard_bounds(11, rank=any_comm.Get_rank(), size=any_comm.Get_size())
+    np.testing.assert_array_equal(Xs, X[lo:hi])
+    np.testing.assert_array_equal(mpinb.gather_rows(ys, root=None, comm=any_comm), y)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_shard_length_mismatch_across_ranks_raises_everywhere(comm) -> None:
+    with raises_everywhere(mpinb.CollectiveMismatchError, match="length of the arrays passed to shard"):
+        mpinb.shard(np.zeros(10 + (RANK == 0)), comm=comm)
