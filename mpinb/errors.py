@@ -156,10 +156,24 @@ def _describe_mismatch(what: str, texts: list[str]) -> str:
     groups: dict[str, list[int]] = {}
     for rank, text in enumerate(texts):
         groups.setdefault(text, []).append(rank)
+    shown = _clip_to_difference(list(groups))
     listing = "; ".join(
-        f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))}: {t}" for t, r in groups.items()
+        f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))}: {shown[t]}" for t, r in groups.items()
     )
     return f"{what} must be the same on every rank, but differs across {len(texts)} ranks ({listing})."
+
+
+def _clip_to_difference(texts: list[str], width: int = 80) -> dict[str, str]:
+    """Long descriptions (50 array shapes) are cut to a window around where they first differ."""
+    if all(len(t) <= width for t in texts):
+        return {t: t for t in texts}
+    prefix = 0
+    for chars in zip(*texts):
+        if len(set(chars)) > 1:
+            break
+        prefix += 1
+    start = max(0, prefix - width // 2)
+    return {t: ("..." if start else "") + t[start : start + width] + ("..." if start + width < len(t) else "") for t in texts}
 
 
 def _instantiate(kind: type[BaseException], message: str) -> BaseException:

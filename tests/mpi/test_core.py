@@ -267,3 +267,14 @@ def test_shard_gives_each_rank_its_slice(any_comm) -> None:
 def test_shard_length_mismatch_across_ranks_raises_everywhere(comm) -> None:
     with raises_everywhere(mpinb.CollectiveMismatchError, match="length of the arrays passed to shard"):
         mpinb.shard(np.zeros(10 + (RANK == 0)), comm=comm)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_long_layout_mismatch_message_is_clipped_to_the_difference(comm) -> None:
+    arrays = [np.ones(100 + i) for i in range(50)]
+    if RANK == 1:
+        arrays[40] = np.ones(7)
+    with raises_everywhere(mpinb.CollectiveMismatchError) as info:
+        mpinb.allreduce(arrays, comm=comm)
+    message = str(info.value)
+    assert len(message) < 600 and "(7,)" in message and "(140,)" in message
