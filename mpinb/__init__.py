@@ -15,11 +15,18 @@ __version__ = "0.1.0"
 # Heavy parts load on first use, so ``import mpinb`` stays fast and never starts MPI in a notebook.
 _LAZY = {
     "KMeans": "mpinb.kmeans",
+    "MPICluster": "mpinb.client",
+    "plot_clusters": "mpinb.plotting",
+    "plot_inertia": "mpinb.plotting",
+    "plot_loss": "mpinb.plotting",
+    "plot_speedup": "mpinb.plotting",
+    "plot_timing": "mpinb.plotting",
 }
 
 __all__ = [
     "CollectiveMismatchError",
     "KMeans",
+    "MPICluster",
     "World",
     "__version__",
     "allreduce",
@@ -29,6 +36,11 @@ __all__ = [
     "gather_rows",
     "limit_threads",
     "on_root",
+    "plot_clusters",
+    "plot_inertia",
+    "plot_loss",
+    "plot_speedup",
+    "plot_timing",
     "raise_together",
     "rprint",
     "shard",

@@ -30,10 +30,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
-TIERS = ("unit", "mpi", "notebooks")
+TIERS = ("unit", "mpi", "cluster", "notebooks")
 MPI_SIZES = (1, 2, 3, 4)
 # Hard limits: a hung collective ends the run instead of eating CI's budget.
-TIER_TIMEOUT = {"unit": 600, "mpi": 480, "notebooks": 900}
+TIER_TIMEOUT = {"unit": 600, "mpi": 480, "cluster": 600, "notebooks": 900}
 PER_TEST_TIMEOUT = 180
 
 

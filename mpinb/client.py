@@ -1,0 +1,434 @@
+"""The notebook side: an ipyparallel cluster of MPI engines, addressed by MPI rank, leaving nothing behind."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["Health", "MPICluster"]
+
+
+@dataclass(frozen=True)
+class Health:
+    """Which MPI ranks answered a probe (see :meth:`MPICluster.healthy`); true when all did."""
+
+    answered: list[int]
+    silent: list[int]
+    seconds: float = field(default=0.0)
+
+    @property
+    def ok(self) -> bool:
+        return not self.silent
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"all {len(self.answered)} ranks answered in {self.seconds:.2f} s"
+        return (
+            f"{'rank' if len(self.silent) == 1 else 'ranks'} {', '.join(map(str, self.silent))} did not answer within {self.seconds:.1f} s "
+            "(busy in a cell, or waiting in a collective that other ranks never entered); "
+            "MPICluster.restart() starts a fresh set of engines."
+        )
+
+
+class MPICluster:
+    """An ipyparallel cluster whose engines form one MPI world, addressed by MPI rank.
+
+    Client: runs in the notebook kernel, never imports ``mpi4py.MPI`` there. Starting it launches a
+    controller (listening on the loopback interface by default) and ``n`` engines through
+    ``mpiexec``, waits for them, checks that they form one MPI world with ranks ``0..n-1``, and
+    activates ``%%px`` on a view ordered by rank. Each engine gets a thread budget and, when the
+    machine has fewer cores than ranks, MPICH's yield settings, so ranks don't starve each other.
+
+    Parameters
+    ----------
+    n : int, default 4
+        Number of engines (MPI ranks).
+    mpi_args : sequence of str, optional
+        Extra ``mpiexec`` arguments (e.g. ``["-hostfile", "hosts"]``).
+    env : mapping, optional
+        Extra environment variables for the engines.
+    threads_per_rank : int or "auto", default "auto"
+        BLAS/OpenMP/TensorFlow threads per engine; "auto" shares this machine's cores.
+    log_level : str or int, default "ERROR"
+        ipyparallel's log level; above ERROR, stopping a cluster prints engine logs into the cell.
+    timeout : float, default 120
+        Seconds to wait for engines to register.
+    controller_ip : str, default "127.0.0.1"
+        Where the controller listens. Engines on other hosts need a reachable address here.
+    start : bool, default True
+        Start immediately; with ``False`` call :meth:`start` (or use ``with``).
+    config : traitlets.config.Config or dict, optional
+        Extra ipyparallel configuration, merged last (e.g. another engine command).
+    cluster_kwargs
+        Passed to :class:`ipyparallel.Cluster` (``profile_dir``, ``cluster_id``, ...).
+
+    Examples
+    --------
+    >>> with mpinb.MPICluster(n=4) as cluster:
+    ...     cluster.view.execute("import mpinb; w = mpinb.world()")
+    ...     cluster.pull("w")[0].size
+    4
+    """
+
+    def __init__(
+        self,
+        n: int = 4,
+        *,
+        mpi_args: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        threads_per_rank: int | str = "auto",
+        log_level: str | int = "ERROR",
+        timeout: float = 120.0,
+        controller_ip: str = "127.0.0.1",
+        start: bool = True,
+        config: Any = None,
+        **cluster_kwargs: Any,
+    ) -> None:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be a positive number of engines; got {n!r}.")
+        if threads_per_rank != "auto" and (not isinstance(threads_per_rank, int) or threads_per_rank < 1):
+            raise ValueError(f"threads_per_rank must be 'auto' or a positive integer; got {threads_per_rank!r}.")
+        self.n = n
+        self.timeout = float(timeout)
+        self._mpi_args = list(mpi_args or [])
+        self._env = dict(env or {})
+        self._threads = threads_per_rank
+        self._log_level = logging.getLevelName(log_level) if isinstance(log_level, str) else int(log_level)
+        self._controller_ip = controller_ip
+        self._config = config
+        self._cluster_kwargs = cluster_kwargs
+        self.cluster: Any = None
+        self.client: Any = None
+        self.view: Any = None
+        self._ids_by_rank: list[int] = []
+        self._engine_pids: list[int] = []
+        self._owns_cluster = True
+        if start:
+            self.start()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> MPICluster:
+        """Start the controller and engines, wait for them and check the MPI world. Client."""
+        if self.cluster is not None:
+            return self
+        import ipyparallel as ipp
+
+        from mpinb.launch import find_mpiexec, mpi_env
+
+        threads = None if self._threads == "auto" else int(self._threads)
+        base_env = mpi_env(self.n, threads_per_rank=threads, base={})
+        engine_env = {**base_env, "PYTHONUNBUFFERED": "1", **self._env}
+        config = _config(
+            {
+                "MPILauncher": {"mpi_cmd": [find_mpiexec()], "mpi_args": self._mpi_args},
+                "MPIEngineSetLauncher": {"environment": engine_env},
+            },
+            self._config,
+        )
+        self.cluster = ipp.Cluster(
+            engines="mpi",
+            n=self.n,
+            controller_ip=self._controller_ip,
+            log_level=self._log_level,
+            config=config,
+            **self._cluster_kwargs,
+        )
+        try:
+            self.cluster.start_cluster_sync()
+            self.client = self.cluster.connect_client_sync()
+            self._identify(self._wait_for_new_engines(set()))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @classmethod
+    def connect(
+        cls, *, profile: str | None = None, profile_dir: str | None = None, cluster_id: str = "", timeout: float = 60.0
+    ) -> MPICluster:
+        """Attach to a running cluster, e.g. one started with ``ipcluster start --engines=MPI -n 4``.
+
+        Client. The engines must be MPI ranks of one world. :meth:`stop` on a connected cluster
+        only disconnects; :meth:`restart` works when ipyparallel's cluster file is available.
+        """
+        import ipyparallel as ipp
+
+        self = cls.__new__(cls)
+        self.timeout = float(timeout)
+        self._owns_cluster = False
+        self._engine_pids = []
+        self.cluster = None
+        try:
+            self.cluster = ipp.Cluster.from_file(profile=profile, profile_dir=profile_dir, cluster_id=cluster_id)
+            self.client = self.cluster.connect_client_sync()
+        except Exception:  # noqa: BLE001 - no cluster file: connect by profile alone
+            kwargs = {k: v for k, v in (("profile", profile), ("profile_dir", profile_dir)) if v}
+            self.client = ipp.Client(cluster_id=cluster_id or None, **kwargs)
+        self.client.wait_for_engines(1, timeout=self.timeout)
+        self.n = len(self.client.ids)
+        self._identify(sorted(self.client.ids))
+        return self
+
+    def stop(self) -> None:
+        """Stop engines, ``mpiexec`` and the controller, and make sure no process is left. Client.
+
+        Processes that outlive ipyparallel's own shutdown (an engine stuck in a collective keeps
+        spinning; ``mpiexec`` ignores SIGTERM for seconds) are killed.
+        """
+        pids = self._tracked_pids()
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+        if self.cluster is not None and self._owns_cluster:
+            self._kill_engines()
+            try:
+                self.cluster.stop_cluster_sync()
+            except Exception:  # noqa: BLE001 - already dead processes
+                pass
+            _reap(pids, grace=5.0)
+        self.client = self.view = None
+        if self._owns_cluster:
+            self.cluster = None
+        self._ids_by_rank = []
+
+    def restart(self, *, timeout: float | None = None) -> MPICluster:
+        """Replace every engine by a fresh MPI world of the same size and wait for the new one. Client.
+
+        The only way out when a rank is stuck in a collective the others never entered: the stuck
+        engine ignores interrupts while MPI polls. The engines' namespaces are lost.
+        """
+        if self.cluster is None:
+            raise RuntimeError("restart() needs a cluster started by MPICluster or found from its cluster file.")
+        old_ids = set(self.client.ids) if self.client is not None else set()
+        self._kill_engines()
+        self.cluster.stop_engines_sync()
+        if self._owns_cluster:
+            _reap(self._engine_pids, grace=2.0)
+        self.cluster.start_engines_sync(self.n)
+        self._identify(self._wait_for_new_engines(old_ids | set(self._ids_by_rank), timeout=timeout))
+        return self
+
+    def healthy(self, timeout: float = 5.0) -> Health:
+        """Probe every engine; name the MPI ranks that do not answer within ``timeout`` seconds. Client."""
+        t0 = time.perf_counter()
+        pending = {rank: self.client[eid].apply_async(_rank_here) for rank, eid in enumerate(self._ids_by_rank)}
+        deadline = t0 + timeout
+        while time.perf_counter() < deadline and not all(ar.ready() for ar in pending.values()):
+            time.sleep(0.02)
+        silent = [rank for rank, ar in pending.items() if not ar.ready()]
+        answered = [rank for rank, ar in pending.items() if ar.ready() and ar.successful()]
+        for rank in silent:
+            try:  # don't leave the probe queued behind the stuck cell
+                self.client.abort(pending[rank].msg_ids)
+            except Exception:  # noqa: BLE001
+                pass
+        return Health(answered=answered, silent=silent, seconds=time.perf_counter() - t0)
+
+    def __enter__(self) -> MPICluster:
+        return self.start() if self._owns_cluster else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.client is not None else "stopped"
+        return f"<MPICluster n={self.n} {state} ranks->engines={self._ids_by_rank}>"
+
+    # -- rank-ordered data ---------------------------------------------------------------------
+
+    @property
+    def ids_by_rank(self) -> list[int]:
+        """Engine id of each MPI rank: ``ids_by_rank[r]`` is rank r's engine."""
+        return list(self._ids_by_rank)
+
+    def pull(self, name: str) -> list[Any]:
+        """The value of ``name`` in every engine's namespace, as a list indexed by MPI rank. Client."""
+        import ipyparallel as ipp
+
+        pairs = self._view().apply_sync(_with_rank, ipp.Reference(name))
+        return [value for _, value in sorted(pairs, key=lambda pair: pair[0])]
+
+    def pull_root(self, name: str) -> Any:
+        """The value of ``name`` on MPI rank 0. Client."""
+        return self.client[self._ids_by_rank[0]].pull(name, block=True)
+
+    def gather(self, name: str) -> Any:
+        """Concatenate each rank's ``name`` (arrays along axis 0, or lists) in MPI rank order. Client."""
+        parts = self.pull(name)
+        if all(isinstance(p, np.ndarray) for p in parts):
+            return np.concatenate([np.atleast_1d(p) for p in parts])
+        if all(isinstance(p, (list, tuple)) for p in parts):
+            return [item for p in parts for item in p]
+        return np.concatenate([np.atleast_1d(np.asarray(p)) for p in parts])
+
+    def scatter(self, name: str, array: Any) -> None:
+        """Give each rank its balanced, contiguous share of ``array`` (rows) as ``name``. Client.
+
+        For small data already in the notebook; large data should be loaded by the ranks themselves
+        (:mod:`mpinb.data`).
+        """
+        from mpinb.shards import shard_bounds
+
+        data = np.asarray(array) if not hasattr(array, "shape") else array
+        if len(data.shape) == 0:
+            raise ValueError("scatter() cuts rows along axis 0; got a 0-d value.")
+        size = len(self._ids_by_rank)
+        futures = []
+        for rank, eid in enumerate(self._ids_by_rank):
+            lo, hi = shard_bounds(int(data.shape[0]), rank=rank, size=size)
+            futures.append(self.client[eid].push({name: data[lo:hi]}, block=False))
+        for fut in futures:
+            fut.get(self.timeout)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _view(self) -> Any:
+        if self.view is None:
+            raise RuntimeError("this MPICluster is stopped; start() or restart() it first.")
+        return self.view
+
+    def _wait_for_new_engines(self, old_ids: set[int], timeout: float | None = None) -> list[int]:
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            # After a restart the hub still lists dead engines for a while: count only new ids.
+            new = set(self.client.ids) - old_ids
+            if len(new) >= self.n:
+                return sorted(new)
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"only {len(new)} of {self.n} MPI engines registered within {limit:.0f} s; "
+                    "check `mpinb info` and the engines' log in the profile directory."
+                )
+            time.sleep(0.05)
+
+    def _identify(self, ids: list[int]) -> None:
+        view = self.client.direct_view(targets=ids)
+        found = view.apply_sync(_engine_identity)
+        by_eid = dict(zip(ids, found))
+        sizes = {info["size"] for info in found}
+        ranks = sorted(info["rank"] for info in found)
+        if sizes != {len(ids)} or ranks != list(range(len(ids))):
+            raise RuntimeError(
+                f"the {len(ids)} engines do not form one MPI world (ranks {ranks}, world sizes {sorted(sizes)}); "
+                "start them with `ipcluster start --engines=MPI` or MPICluster()."
+            )
+        self._ids_by_rank = [eid for eid, _ in sorted(by_eid.items(), key=lambda item: item[1]["rank"])]
+        self._engine_pids = [by_eid[eid]["pid"] for eid in self._ids_by_rank]
+        self.view = self.client.direct_view(targets=self._ids_by_rank)
+        self.view.block = True
+        _activate(self.view)
+
+    def _tracked_pids(self) -> list[int]:
+        pids = list(self._engine_pids)
+        if self.cluster is not None:
+            launchers = [self.cluster.controller, *self.cluster.engines.values()]
+            for launcher in launchers:
+                pid = getattr(launcher, "pid", None) if launcher is not None else None
+                if pid:
+                    pids.append(pid)
+                    pids.extend(_children(pid))
+        return sorted(set(pids))
+
+    def _kill_engines(self) -> None:
+        """SIGKILL the engines' mpiexec trees: graceful stops wait on ranks that may be spinning."""
+        if self.cluster is None:
+            return
+        for launcher in list(self.cluster.engines.values()):
+            pid = getattr(launcher, "pid", None)
+            if pid:
+                for child in [*_children(pid), pid]:
+                    _kill(child)
+        for pid in self._engine_pids:
+            _kill(pid)
+
+
+def _engine_identity() -> dict[str, Any]:
+    import os
+    import socket
+
+    from mpi4py import MPI
+
+    return {
+        "rank": MPI.COMM_WORLD.Get_rank(),
+        "size": MPI.COMM_WORLD.Get_size(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+
+
+def _rank_here() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def _with_rank(value: Any) -> tuple[int, Any]:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank(), value
+
+
+def _config(base: dict[str, Any], extra: Any) -> Any:
+    from traitlets.config import Config
+
+    config = Config(base)
+    if extra is not None:
+        config.merge(extra if isinstance(extra, Config) else Config(extra))
+    return config
+
+
+def _activate(view: Any) -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        view.activate()
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap(pids: Sequence[int], grace: float) -> None:
+    """Wait up to ``grace`` seconds for ``pids`` to exit, then SIGKILL what is left."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=2.0)

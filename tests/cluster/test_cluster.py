@@ -1,0 +1,157 @@
+"""MPICluster against real MPI engines: start, rank order, health, restart, stop without leaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+import mpinb
+from conftest import PERMUTED_ENGINE, cluster_processes
+
+
+@pytest.fixture(scope="module")
+def cluster2():
+    with mpinb.MPICluster(n=2) as cluster:
+        yield cluster
+
+
+def test_engines_form_one_world_ordered_by_rank(cluster2) -> None:
+    cluster2.view.execute("import mpinb; w = mpinb.world(); rank, size = w.rank, w.size")
+    assert cluster2.pull("rank") == [0, 1]
+    assert cluster2.pull("size") == [2, 2]
+    assert cluster2.pull_root("rank") == 0
+    assert len(cluster2.ids_by_rank) == 2
+
+
+def test_engines_get_a_thread_budget_and_yield_settings(cluster2) -> None:
+    cluster2.view.execute("import os; env = {k: os.environ.get(k) for k in ('OMP_NUM_THREADS', 'TF_NUM_INTRAOP_THREADS')}")
+    cores = len(os.sched_getaffinity(0))
+    budget = str(max(1, cores // 2))
+    assert cluster2.pull("env") == [{"OMP_NUM_THREADS": budget, "TF_NUM_INTRAOP_THREADS": budget}] * 2
+
+
+def test_gather_and_scatter_round_trip(cluster2) -> None:
+    data = np.arange(14.0).reshape(7, 2)
+    cluster2.scatter("part", data)
+    np.testing.assert_array_equal(cluster2.gather("part"), data)
+    assert [len(p) for p in cluster2.pull("part")] == [4, 3]
+    cluster2.view.execute("items = [rank] * (rank + 1)")
+    assert cluster2.gather("items") == [0, 1, 1]
+
+
+def test_controller_listens_on_loopback_only(cluster2) -> None:
+    info = cluster2.cluster.controller.get_connection_info()
+    info = info if isinstance(info, dict) else None
+    client_info = cluster2.client._config if hasattr(cluster2.client, "_config") else {}
+    urls = json.dumps(client_info) + json.dumps(info or {}, default=str)
+    assert "127.0.0.1" in urls
+    for proc in [psutil.Process(cluster2.cluster.controller.pid), *psutil.Process(cluster2.cluster.controller.pid).children(recursive=True)]:
+        for conn in proc.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN:
+                assert conn.laddr.ip == "127.0.0.1", f"controller listens on {conn.laddr}"
+
+
+def test_stuck_rank_is_named_and_restart_recovers(cluster2) -> None:
+    assert cluster2.healthy(timeout=5).ok
+    # Rank 1 waits in a barrier that rank 0 never enters: the classic hang.
+    cluster2.view.execute(
+        "from mpi4py import MPI\nif MPI.COMM_WORLD.Get_rank() == 1:\n    MPI.COMM_WORLD.Barrier()", block=False
+    )
+    time.sleep(0.5)
+    health = cluster2.healthy(timeout=2)
+    assert not health and health.silent == [1] and health.answered == [0]
+    assert "rank 1 did not answer" in str(health)
+    old_pids = set(cluster2._engine_pids)
+    t0 = time.monotonic()
+    cluster2.restart()
+    elapsed = time.monotonic() - t0
+    assert elapsed <= 20, f"restart took {elapsed:.1f} s"
+    assert cluster2.healthy(timeout=5).ok
+    assert not old_pids & set(cluster2._engine_pids)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old_pids)
+    cluster2.view.execute("import mpinb; total = mpinb.allreduce([1])[0]")
+    assert cluster2.pull("total") == [2, 2]
+
+
+def test_gather_orders_by_rank_when_engine_ids_are_permuted() -> None:
+    config = {"MPIEngineSetLauncher": {"engine_cmd": [sys.executable, PERMUTED_ENGINE]}}
+    with mpinb.MPICluster(n=4, config=config) as cluster:
+        # Engine ids run opposite to ranks: rank 0 is the engine with the highest id.
+        assert cluster.ids_by_rank == [103, 102, 101, 100]
+        cluster.view.execute("import numpy as np, mpinb; w = mpinb.world(); x = np.full(w.rank + 1, w.rank)")
+        np.testing.assert_array_equal(cluster.gather("x"), [0, 1, 1, 2, 2, 2, 3, 3, 3, 3])
+        assert cluster.pull("w")[2].rank == 2
+        assert cluster.pull_root("w").rank == 0
+        data = np.arange(10)
+        cluster.scatter("mine", data)
+        cluster.view.execute("lo = int(mine[0]) if len(mine) else -1")
+        assert cluster.pull("lo") == [0, 3, 6, 8]  # balanced shards, by rank
+        pids = cluster._tracked_pids()
+    assert pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_failure_inside_the_block_still_stops_everything() -> None:
+    from ipyparallel.error import CompositeError
+
+    with pytest.raises(CompositeError, match="ZeroDivisionError"):
+        with mpinb.MPICluster(n=2) as cluster:
+            pids = cluster._tracked_pids()
+            cluster.view.execute("1 / 0")
+    assert cluster.client is None
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert pids and not alive
+
+
+def test_connect_to_an_ipcluster_started_outside(tmp_path) -> None:
+    from mpinb.launch import find_mpiexec
+
+    ipcluster = str(Path(sys.executable).parent / "ipcluster")
+    profile = f"--profile-dir={tmp_path / 'profile'}"
+    start = [ipcluster, "start", profile, "--engines=MPI", "--n=2", "--daemonize", "--log-level=ERROR",
+             f"--MPILauncher.mpi_cmd=['{find_mpiexec()}']", "--Cluster.controller_ip=127.0.0.1"]
+    subprocess.run(start, check=True, timeout=60, capture_output=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                cluster = mpinb.MPICluster.connect(profile_dir=str(tmp_path / "profile"), timeout=60)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        try:
+            if len(cluster.ids_by_rank) < 2:
+                cluster.client.wait_for_engines(2, timeout=60)
+                cluster.stop()
+                cluster = mpinb.MPICluster.connect(profile_dir=str(tmp_path / "profile"))
+            cluster.view.execute("import mpinb; r = mpinb.world().rank")
+            assert cluster.pull("r") == [0, 1]
+        finally:
+            cluster.stop()  # a connected cluster only disconnects
+    finally:
+        subprocess.run([ipcluster, "stop", profile, "--all"], timeout=60, capture_output=True)
+        deadline = time.monotonic() + 20
+        while cluster_processes_anywhere(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def cluster_processes_anywhere(tmp_path: Path) -> list[int]:
+    """Daemonized ipcluster processes are not our children: find them by their profile dir."""
+    pids = []
+    for proc in psutil.process_iter(["pid", "cmdline", "environ"]):
+        try:
+            text = " ".join(proc.info["cmdline"] or []) + json.dumps(proc.info["environ"] or {})
+        except psutil.Error:
+            continue
+        if str(tmp_path) in text and proc.pid != os.getpid():
+            pids.append(proc.pid)
+    return pids

@@ -1,0 +1,512 @@
+"""One-process tests of mpinb.plotting on the Agg backend: what each plot draws, and its error messages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from mpinb import plotting
+from mpinb.plotting import (
+    _history_dict,
+    plot_clusters,
+    plot_inertia,
+    plot_loss,
+    plot_speedup,
+    plot_timing,
+)
+
+# Three epochs, four ranks: each rank's loss is the global one plus a rank-specific offset.
+LOSS = [2.0, 1.25, 0.75]
+VAL = [2.5, 1.5, 1.0]
+RANK_LOSS = [[v + 0.1 * r for r in range(4)] for v in LOSS]
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _lines(ax) -> dict[str, object]:
+    return {line.get_label(): line for line in ax.get_lines()}
+
+
+def _blobs(n_per: list[int], d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    means = rng.normal(scale=8.0, size=(len(n_per), d))
+    X = np.concatenate([m + rng.normal(size=(n, d)) for m, n in zip(means, n_per)])
+    labels = np.repeat(np.arange(len(n_per)), n_per)
+    centers = np.stack([X[labels == c].mean(axis=0) for c in range(len(n_per))])
+    return X, labels, centers
+
+
+# --------------------------------------------------------------------------------------------------
+# plot_loss
+
+
+def test_plot_loss_draws_history_values_and_one_thin_line_per_rank() -> None:
+    ax = plot_loss({"loss": LOSS, "val_loss": VAL, "rank_loss": RANK_LOSS})
+    lines = _lines(ax)
+    assert sorted(lines) == ["rank 0", "rank 1", "rank 2", "rank 3", "train", "validation"]
+    np.testing.assert_array_equal(lines["train"].get_xdata(), [1, 2, 3])
+    np.testing.assert_array_equal(lines["train"].get_ydata(), LOSS)
+    np.testing.assert_array_equal(lines["validation"].get_ydata(), VAL)
+    for r in range(4):
+        rank = lines[f"rank {r}"]
+        np.testing.assert_array_equal(rank.get_xdata(), [1, 2, 3])
+        np.testing.assert_allclose(rank.get_ydata(), [v + 0.1 * r for v in LOSS])
+        assert rank.get_linewidth() < lines["train"].get_linewidth()
+        assert rank.get_alpha() is not None and rank.get_alpha() < 1
+    assert ax.get_xlabel() == "epoch" and ax.get_ylabel() == "loss"
+    assert {t.get_text() for t in ax.get_legend().get_texts()} >= {"train", "validation", "rank 0"}
+
+
+def test_plot_loss_reads_a_keras_history_object_with_per_rank_histories() -> None:
+    ranks = [{"loss": [v + r for v in LOSS], "accuracy": [0.5, 0.6, 0.7]} for r in range(2)]
+    history = SimpleNamespace(history={"loss": LOSS, "accuracy": [0.5, 0.6, 0.7]}, rank_history=ranks)
+    lines = _lines(plot_loss(history))
+    assert sorted(lines) == ["rank 0", "rank 1", "train"]
+    np.testing.assert_array_equal(lines["rank 1"].get_ydata(), [v + 1 for v in LOSS])
+    acc = _lines(plot_loss(history, metric="accuracy"))
+    np.testing.assert_array_equal(acc["train"].get_ydata(), [0.5, 0.6, 0.7])
+    assert sorted(acc) == ["rank 0", "rank 1", "train"]
+
+
+def test_plot_loss_per_rank_attribute_as_array_and_ranks_by_epochs_table_is_transposed() -> None:
+    table = np.asarray(RANK_LOSS)  # epochs x ranks
+    by_attr = _lines(plot_loss(SimpleNamespace(history={"loss": LOSS}, per_rank=table)))
+    by_ranks = _lines(plot_loss({"loss": LOSS, "rank_loss": table.T}))  # 4 x 3: unambiguous
+    for lines in (by_attr, by_ranks):
+        assert len([k for k in lines if k.startswith("rank ")]) == 4
+        np.testing.assert_allclose(lines["rank 2"].get_ydata(), table[:, 2])
+
+
+def test_plot_loss_accepts_a_list_of_per_epoch_dicts_and_aliases() -> None:
+    epochs = [{"loss": a, "val_loss": b} for a, b in zip(LOSS, VAL)]
+    lines = _lines(plot_loss(epochs))
+    np.testing.assert_array_equal(lines["validation"].get_ydata(), VAL)
+    aliased = _lines(plot_loss({"loss": LOSS, "loss_per_rank": RANK_LOSS}))
+    assert "rank 3" in aliased
+
+
+def test_plot_loss_per_rank_false_and_given_axes() -> None:
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [5, 5], label="already there")
+    out = plot_loss({"loss": LOSS, "rank_loss": RANK_LOSS}, ax=ax, per_rank=False)
+    assert out is ax and len(fig.axes) == 1
+    assert sorted(_lines(ax)) == ["already there", "train"]
+
+
+@pytest.mark.parametrize(
+    ("history", "kwargs", "exc", "match"),
+    [
+        (
+            {"loss": LOSS},
+            {"metric": "accuracy"},
+            ValueError,
+            r"no 'accuracy', 'val_accuracy' or 'rank_accuracy'.*\['loss'\]",
+        ),
+        ([1.0, 2.0], {}, TypeError, "history must be a dict like History.history"),
+        ("loss", {}, TypeError, "got str"),
+        (
+            {"loss": [[1, 2], [3, 4]]},
+            {},
+            ValueError,
+            r"history\['loss'\] must be one number per epoch; got .* shape \(2, 2\)",
+        ),
+        (
+            {"loss": LOSS, "rank_loss": LOSS},
+            {},
+            ValueError,
+            r"history\['rank_loss'\] must be an epochs x ranks table",
+        ),
+        (
+            {"loss": LOSS, "rank_loss": [[1, 2], [3]]},
+            {},
+            ValueError,
+            r"history\['rank_loss'\] must be an epochs x ranks",
+        ),
+        ({"loss": []}, {}, ValueError, r"must be one number per epoch; got an array of shape \(0,\)"),
+        ({"loss": LOSS}, {"metric": 3}, TypeError, "metric must be a string"),
+    ],
+)
+def test_plot_loss_rejects_malformed_history(history, kwargs, exc, match) -> None:
+    with pytest.raises(exc, match=match):
+        plot_loss(history, **kwargs)
+    assert plt.get_fignums() == []  # checked before drawing: no stray empty figure
+
+
+def test_per_rank_histories_of_different_length_are_rejected() -> None:
+    history = SimpleNamespace(history={"loss": LOSS}, rank_history=[{"loss": LOSS}, {"loss": LOSS[:2]}])
+    with pytest.raises(ValueError, match=r"same number of epochs of 'loss'; got \[3, 2\] \(by rank\)"):
+        plot_loss(history)
+
+
+def test_history_dict_canonical_keys() -> None:
+    h = _history_dict(
+        {"loss": LOSS, "comm_seconds": [1], "compute_seconds": [2], "per_rank": {"loss": RANK_LOSS}}
+    )
+    assert sorted(h) == ["comm_seconds", "compute_seconds", "loss", "rank_loss"]
+    assert h["rank_loss"] == RANK_LOSS
+
+
+# --------------------------------------------------------------------------------------------------
+# plot_clusters
+
+
+def _rgba(collection) -> np.ndarray:
+    return np.asarray(collection.get_facecolors())
+
+
+def test_plot_clusters_one_distinct_colour_per_cluster_and_centres_in_place() -> None:
+    X, labels, centers = _blobs([40, 50, 60], d=2)
+    ax = plot_clusters(X, labels, centers)
+    clusters, marks = ax.collections[:3], ax.collections[3]
+    assert len(ax.collections) == 4
+    colours = []
+    for c, coll in enumerate(clusters):
+        np.testing.assert_array_equal(coll.get_offsets(), X[labels == c])
+        face = _rgba(coll)
+        assert len(np.unique(face.round(6), axis=0)) == 1, "a cluster must be drawn in one colour"
+        colours.append(face[0, :3])
+    assert len(np.unique(np.round(colours, 6), axis=0)) == 3, "clusters must get distinct colours"
+    np.testing.assert_allclose(marks.get_offsets(), centers)
+    np.testing.assert_allclose(_rgba(marks)[:, :3], colours)  # centre c has cluster c's colour
+    assert (np.asarray(marks.get_edgecolors())[:, :3] == 0).all()  # black edges
+    assert marks.get_sizes()[0] > clusters[0].get_sizes()[0]
+    assert ax.get_title() == "N = 150, k = 3"
+    assert ax.get_xlabel() == "feature 0" and ax.get_ylabel() == "feature 1"
+
+
+def test_plot_clusters_projects_points_and_centres_with_pca_when_d_exceeds_2() -> None:
+    X, labels, centers = _blobs([60, 60, 80, 50], d=6, seed=1)
+    ax = plot_clusters(X, labels, centers)
+    # Reference by another route: eigenvectors of the covariance matrix, each signed so that its
+    # largest loading is positive (scikit-learn's convention, which the plot documents).
+    mean = X.mean(axis=0)
+    evals, evecs = np.linalg.eigh(np.cov(X - mean, rowvar=False))
+    top = evecs[:, ::-1][:, :2]
+    top *= np.sign(top[np.argmax(np.abs(top), axis=0), [0, 1]])
+    ref = (X - mean) @ top
+    got = np.concatenate([c.get_offsets() for c in ax.collections[:4]])
+    np.testing.assert_allclose(got, np.concatenate([ref[labels == c] for c in range(4)]), atol=1e-8)
+    np.testing.assert_allclose(ax.collections[4].get_offsets(), (centers - mean) @ top, atol=1e-8)
+    ratio = evals[::-1][:2] / evals.sum()
+    assert ax.get_xlabel() == f"PC1 ({100 * ratio[0]:.1f}% var)"
+    assert ax.get_ylabel() == f"PC2 ({100 * ratio[1]:.1f}% var)"
+
+
+def test_plot_clusters_subsamples_deterministically_keeping_every_cluster() -> None:
+    X, labels, centers = _blobs([3000, 1900, 2], d=3, seed=2)  # cluster 2 has 2 of 4,902 points
+    ax = plot_clusters(X, labels, centers, max_points=300, random_state=7)
+    counts = [len(c.get_offsets()) for c in ax.collections[:3]]
+    assert sum(counts) == 300 and min(counts) >= 1
+    assert 80 < counts[1] < 150  # its share: 300 * 1900 / 4902 = 116 expected, sd about 8
+    assert ax.get_title() == "N = 4,902, k = 3 (300 points shown)"
+    again = plot_clusters(X, labels, centers, max_points=300, random_state=7)
+    other = plot_clusters(X, labels, centers, max_points=300, random_state=8)
+    same = [
+        np.array_equal(a.get_offsets(), b.get_offsets()) for a, b in zip(ax.collections, again.collections)
+    ]
+    assert all(same)
+    assert not np.array_equal(ax.collections[0].get_offsets(), other.collections[0].get_offsets())
+
+
+def test_subsample_draws_distinct_rows_from_every_cluster() -> None:
+    codes = np.repeat([0, 1, 2], [500, 499, 1])
+    keep = plotting._subsample(codes, 50, random_state=0)
+    assert len(keep) == 50 == len(np.unique(keep))
+    assert set(codes[keep]) == {0, 1, 2}
+
+
+def test_plot_clusters_without_centres_with_string_labels_and_many_clusters() -> None:
+    X, labels, _ = _blobs([20, 30], d=2)
+    names = np.where(labels == 0, "a", "b")
+    ax = plot_clusters(X, names)
+    assert [c.get_label() for c in ax.collections] == ["cluster a", "cluster b"]
+    assert ax.get_title() == "N = 50, k = 2"
+    for k in (15, 40):
+        X, labels, centers = _blobs([5] * k, d=2, seed=k)
+        ax = plot_clusters(X, labels, centers)
+        faces = np.array([_rgba(c)[0] for c in ax.collections[:k]])
+        assert len(np.unique(faces.round(6), axis=0)) == k
+
+
+def test_plot_clusters_draws_into_given_axes() -> None:
+    X, labels, centers = _blobs([10, 10], d=2)
+    fig, ax = plt.subplots()
+    assert plot_clusters(X, labels, centers, ax=ax) is ax
+    assert len(fig.axes) == 1 and len(ax.collections) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "exc", "match"),
+    [
+        (
+            (np.zeros(5), np.zeros(5)),
+            {},
+            ValueError,
+            r"X must be 2-D \(n_samples, n_features\); got shape \(5,\)",
+        ),
+        ((np.zeros((5, 1)), np.zeros(5)), {}, ValueError, "at least 2 features"),
+        (
+            (np.zeros((5, 2)), np.zeros(4)),
+            {},
+            ValueError,
+            r"one entry per row of X: len\(X\) == 5; got labels of shape \(4,\)",
+        ),
+        (
+            (np.zeros((5, 2)), np.zeros(5), np.zeros((2, 3))),
+            {},
+            ValueError,
+            r"centers must have shape \(k, 2\).*got \(2, 3\)",
+        ),
+        (
+            (np.zeros((5, 2)), [0, 1, 2, 0, 1], np.zeros((2, 2))),
+            {},
+            ValueError,
+            r"labels must be in 0\.\.1 .*got label 2",
+        ),
+        ((np.zeros((5, 2)), ["a"] * 5, np.zeros((1, 2))), {}, ValueError, "labels must be integers 0..0"),
+        (
+            (np.zeros((5, 2)), [0, 1, 2, 0, 1]),
+            {"max_points": 2},
+            ValueError,
+            r"max_points must be >= the number of clusters \(3\).*got 2",
+        ),
+        ((np.zeros((5, 2)), np.zeros(5)), {"max_points": 2.5}, TypeError, "max_points must be an integer"),
+        ((np.array([[0.0, np.nan], [1, 1]]), [0, 1]), {}, ValueError, "1 of 2 rows hold NaN or inf"),
+        ((np.zeros((0, 2)), []), {}, ValueError, "at least one row"),
+    ],
+)
+def test_plot_clusters_rejects_bad_input(args, kwargs, exc, match) -> None:
+    with pytest.raises(exc, match=match):
+        plot_clusters(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# plot_inertia
+
+
+class _FakeEstimator:
+    def fit(self, X):  # pragma: no cover - only its presence matters
+        return self
+
+    def get_params(self):  # pragma: no cover
+        return {}
+
+
+def test_plot_inertia_list_estimator_and_dict_of_runs() -> None:
+    ax = plot_inertia([100.0, 40.0, 35.0, 34.5])
+    (line,) = ax.get_lines()
+    np.testing.assert_array_equal(line.get_xdata(), [1, 2, 3, 4])
+    np.testing.assert_array_equal(line.get_ydata(), [100.0, 40.0, 35.0, 34.5])
+    assert ax.get_yscale() == "log" and ax.get_legend() is None
+
+    fitted = SimpleNamespace(inertia_history_=np.array([9.0, 4.0, 3.0]))
+    ax = plot_inertia({"k-means++": fitted, "random": [12.0, 6.0, 5.0, 4.0, 3.5]}, log=False)
+    lines = _lines(ax)
+    np.testing.assert_array_equal(lines["k-means++"].get_ydata(), [9.0, 4.0, 3.0])
+    np.testing.assert_array_equal(lines["random"].get_xdata(), [1, 2, 3, 4, 5])
+    assert ax.get_yscale() == "linear"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["k-means++", "random"]
+    assert lines["k-means++"].get_color() != lines["random"].get_color()
+
+    _, given = plt.subplots()
+    assert plot_inertia(fitted, ax=given) is given and len(given.get_lines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "kwargs", "exc", "match"),
+    [
+        ([5.0, 0.0], {}, ValueError, r"log=True needs inertia > 0; the history holds 0\. Pass log=False"),
+        ({"a": [1.0], "b": [2.0, -1.0]}, {}, ValueError, "the history of 'b' holds -1\\. Pass"),
+        ([], {}, ValueError, r"non-empty 1-D sequence of inertias; got shape \(0,\)"),
+        ({}, {}, ValueError, "empty dict"),
+        (_FakeEstimator(), {}, TypeError, "estimator without inertia_history_ .*_FakeEstimator"),
+        ("abc", {}, TypeError, "sequence of inertias, one per iteration; got str"),
+        ({"run": [[1.0, 2.0]]}, {}, ValueError, r"inertia_history\['run'\] must be a non-empty 1-D"),
+    ],
+)
+def test_plot_inertia_rejects_bad_input(value, kwargs, exc, match) -> None:
+    with pytest.raises(exc, match=match):
+        plot_inertia(value, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# plot_timing
+
+
+def _bars(ax, label: str) -> list:
+    container = next(c for c in ax.containers if c.get_label() == label)
+    return list(container)
+
+
+def _fit_history(epochs: int, ranks: int) -> dict:
+    """A history laid out as mpinb.keras.fit returns it (a resumed run: epochs 2, 3, ...)."""
+    rng = np.random.default_rng(3)
+    return {
+        "epoch": list(range(2, 2 + epochs)),
+        "steps": [10] * epochs,
+        "loss": LOSS[:epochs],
+        "rank_loss": [[v + 0.1 * r for r in range(ranks)] for v in LOSS[:epochs]],
+        "compute_seconds": rng.uniform(1, 2, (epochs, ranks)).round(3).tolist(),
+        "comm_seconds": rng.uniform(0.1, 0.5, (epochs, ranks)).round(3).tolist(),
+        "params": {"batch_size": 64, "ranks": ranks},
+    }
+
+
+def test_plot_loss_and_plot_timing_read_the_fit_history_layout() -> None:
+    h = _fit_history(3, 2)
+    lines = _lines(plot_loss(h))
+    np.testing.assert_array_equal(lines["train"].get_xdata(), [3, 4, 5])  # history["epoch"] + 1
+    np.testing.assert_array_equal(lines["rank 1"].get_xdata(), [3, 4, 5])
+    np.testing.assert_allclose(lines["rank 1"].get_ydata(), np.add(LOSS, 0.1))
+
+    ax = plot_timing(h)
+    compute, comm = np.mean(h["compute_seconds"], axis=1), np.mean(h["comm_seconds"], axis=1)
+    low, high = _bars(ax, "compute"), _bars(ax, "communication")
+    assert [b.get_x() + b.get_width() / 2 for b in low] == [3, 4, 5]
+    np.testing.assert_allclose([b.get_height() for b in low], compute)
+    np.testing.assert_allclose([b.get_y() for b in high], compute)
+    np.testing.assert_allclose([b.get_y() + b.get_height() for b in high], compute + comm)
+    assert ax.get_ylabel() == "seconds (mean over 2 ranks)"
+
+
+def test_plot_timing_per_rank_draws_one_stacked_bar_per_rank_and_epoch() -> None:
+    h = _fit_history(3, 4)
+    ax = plot_timing(h, per_rank=True)
+    compute, comm = np.asarray(h["compute_seconds"]), np.asarray(h["comm_seconds"])
+    for r in range(4):
+        low, high = _bars(ax, f"compute rank {r}"), _bars(ax, f"communication rank {r}")
+        np.testing.assert_allclose([b.get_height() for b in low], compute[:, r])
+        np.testing.assert_allclose([b.get_y() + b.get_height() for b in high], compute[:, r] + comm[:, r])
+    centres = [b.get_x() + b.get_width() / 2 for r in range(4) for b in _bars(ax, f"compute rank {r}")[:1]]
+    assert (
+        centres == sorted(centres) and 2.5 < centres[0] < centres[-1] < 3.5
+    )  # ranks left to right in epoch 3
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["compute", "communication"]
+
+
+def test_plot_loss_tolerates_fit_history_without_rank_loss() -> None:
+    h = _fit_history(3, 2) | {"rank_loss": []}
+    assert sorted(_lines(plot_loss(h))) == ["train"]
+
+
+def test_plot_timing_stacks_communication_on_compute() -> None:
+    compute, comm = [3.0, 2.5, 2.75], [0.5, 0.75, 0.25]
+    ax = plot_timing({"loss": LOSS, "compute_time": compute, "comm_time": comm})
+    low, high = _bars(ax, "compute"), _bars(ax, "communication")
+    assert [b.get_x() + b.get_width() / 2 for b in low] == [1, 2, 3]
+    assert [b.get_height() for b in low] == compute
+    assert [b.get_y() for b in low] == [0, 0, 0]
+    assert [b.get_y() for b in high] == compute
+    np.testing.assert_allclose([b.get_y() + b.get_height() for b in high], np.add(compute, comm))
+    assert low[0].get_facecolor() != high[0].get_facecolor()
+    assert ax.get_ylabel() == "seconds"
+
+
+def test_plot_timing_from_epoch_time_and_aliases_into_given_axes() -> None:
+    history = SimpleNamespace(history={"epoch_time": [4.0, 3.0], "allreduce_seconds": [1.0, 0.5]})
+    _, ax = plt.subplots()
+    assert plot_timing(history, ax=ax) is ax
+    np.testing.assert_allclose([b.get_height() for b in _bars(ax, "compute")], [3.0, 2.5])
+    np.testing.assert_allclose([b.get_y() + b.get_height() for b in _bars(ax, "communication")], [4.0, 3.0])
+
+
+@pytest.mark.parametrize(
+    ("history", "match"),
+    [
+        (
+            {"loss": LOSS},
+            r"needs per-epoch 'comm_seconds' and 'compute_seconds' \(or 'epoch_seconds'\).*\['loss'\]",
+        ),
+        ({"compute_seconds": [1, 2], "comm_seconds": [1]}, r"same shape .*; got \(2, 1\) and \(1, 1\)"),
+        ({"compute_seconds": [[1, 2]], "comm_seconds": [[1, 2, 3]]}, r"got \(1, 2\) and \(1, 3\)"),
+        (
+            {"compute_time": [1, -2], "comm_time": [1, 1]},
+            r"history\['compute_seconds'\] must hold seconds >= 0; got -2",
+        ),
+        ({"compute_seconds": [1, float("nan")], "comm_seconds": [1, 1]}, "must hold seconds >= 0; got nan"),
+        (
+            {"compute_seconds": [[[1.0]]], "comm_seconds": [1]},
+            r"seconds per epoch \(a list, or epochs x ranks\)",
+        ),
+        (
+            {"epoch_seconds": [1, 2], "comm_seconds": [0.5, 3]},
+            r"epoch 2 has 3 s of communication in a 2 s epoch",
+        ),
+        ({"epoch_seconds": [[1, 2]], "comm_seconds": [[0.5, 3]]}, r"epoch 1 on rank 1 has 3 s"),
+    ],
+)
+def test_plot_timing_rejects_bad_history(history, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        plot_timing(history)
+
+
+# --------------------------------------------------------------------------------------------------
+# plot_speedup
+
+
+def test_plot_speedup_values_ideal_line_and_second_series() -> None:
+    ax = plot_speedup([4, 1, 2], [2.5, 8.0, 4.5], label="fused")
+    lines = _lines(ax)
+    np.testing.assert_array_equal(lines["fused"].get_xdata(), [1, 2, 4])
+    np.testing.assert_allclose(lines["fused"].get_ydata(), [1.0, 8 / 4.5, 8 / 2.5])
+    np.testing.assert_allclose(lines["ideal"].get_xydata(), [[1, 1], [4, 4]])
+    assert plot_speedup([1, 2, 4, 8], [8.0, 4.0, 2.0, 1.25], ax=ax, label="unfused") is ax
+    lines = _lines(ax)
+    assert len([k for k in lines if k == "ideal"]) == 1 and len(ax.get_lines()) == 3
+    np.testing.assert_allclose(lines["ideal"].get_xydata(), [[1, 1], [8, 8]])
+    assert ax.get_ylim()[1] >= 8  # the extended ideal line stays in view
+    np.testing.assert_allclose(lines["unfused"].get_ydata(), [1.0, 2.0, 4.0, 6.4])
+    assert list(ax.get_xticks()) == [1, 2, 4, 8]
+    assert ax.get_xlabel() == "ranks" and ax.get_ylabel() == "speed-up"
+
+
+@pytest.mark.parametrize(
+    ("ranks", "seconds", "match"),
+    [
+        ([1, 2], [1.0], r"one time per rank count; got shapes \(2,\) and \(1,\)"),
+        ([0, 2], [1.0, 1.0], r"ranks must be integers >= 1; got \[0, 2\]"),
+        ([1, 1.5], [1.0, 1.0], "ranks must be integers >= 1"),
+        ([2, 2], [1.0, 1.0], r"ranks must be distinct .*got \[2, 2\]"),
+        ([1, 2], [1.0, 0.0], r"seconds must be finite and > 0; got \[1\.0, 0\.0\]"),
+    ],
+)
+def test_plot_speedup_rejects_bad_input(ranks, seconds, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        plot_speedup(ranks, seconds)
+
+
+# --------------------------------------------------------------------------------------------------
+# Module hygiene
+
+
+def test_importing_plotting_loads_neither_matplotlib_nor_mpi() -> None:
+    code = (
+        "import sys, mpinb.plotting; "
+        "print([m for m in ('matplotlib', 'mpi4py.MPI', 'sklearn') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_bad_axes_argument_is_rejected() -> None:
+    with pytest.raises(TypeError, match="ax must be a matplotlib Axes .*got str"):
+        plot_loss({"loss": LOSS}, ax="left")
+
+
+@pytest.mark.parametrize("name", plotting.__all__)
+def test_public_functions_say_they_are_client_helpers(name: str) -> None:
+    doc = getattr(plotting, name).__doc__
+    assert doc.split("\n\n")[1].strip().startswith("Client.")
