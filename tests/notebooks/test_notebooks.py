@@ -1,0 +1,83 @@
+"""Every tutorial notebook, executed top to bottom against a real MPI engine cluster (2 engines,
+small parameters), with assertions on values the notebook produced and a check that no cluster
+process is left afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+RESULT_TAG = "MPINB-NOTEBOOK-RESULT "
+
+
+def run_notebook(name: str, parameters: dict, results: list[str], timeout: int = 600) -> dict:
+    """Execute ``name`` with ``parameters`` injected after its ``parameters`` cell (papermill's
+    convention) and return the values of ``results`` from the kernel's namespace."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", []))
+    overrides = "\n".join(f"{key} = {value!r}" for key, value in parameters.items())
+    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(overrides, metadata={"tags": ["injected-parameters"]}))
+    dump = f"import json as _j\nprint({RESULT_TAG!r} + _j.dumps({{k: globals()[k] for k in {results!r}}}, default=float))"
+    nb.cells.append(nbformat.v4.new_code_cell(dump))
+
+    marker = uuid.uuid4().hex
+    ipython_dir = tempfile.mkdtemp(prefix="mpinb-nb-ipython-")
+    env = dict(os.environ, IPYTHONDIR=ipython_dir, IPP_NONINTERACTIVE="1", MPINB_NOTEBOOK_RUN=marker, MPLBACKEND="module://matplotlib_inline.backend_inline")
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}})
+    try:
+        client.execute(env=env)
+    finally:
+        leftovers = processes_marked(marker)
+        for proc in leftovers:
+            proc.kill()
+        assert not leftovers, f"{name} left {len(leftovers)} process(es) running: {[p.pid for p in leftovers]}"
+    text = "".join(
+        out.get("text", "") for out in nb.cells[-1].get("outputs", []) if out.get("output_type") == "stream"
+    )
+    line = next(l for l in text.splitlines() if l.startswith(RESULT_TAG))
+    return json.loads(line[len(RESULT_TAG):]) | {"_notebook": nb}
+
+
+def processes_marked(marker: str) -> list[psutil.Process]:
+    """Processes that inherited this run's environment: kernel, controller, mpiexec, engines."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("MPINB_NOTEBOOK_RUN") == marker:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(found, timeout=10)
+    return alive
+
+
+def figures(nb) -> int:
+    return sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
+
+
+def errors(nb) -> list[str]:
+    return [o.get("ename", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+def test_01_mpi_engines() -> None:
+    got = run_notebook(
+        "01_mpi_engines.ipynb",
+        {"n_engines": 2, "n_rows": 2_000},
+        ["ranks", "sizes", "global_mean", "client_mean", "gathered_in_order", "same_error_everywhere", "stuck_ranks", "healthy_after_restart"],
+    )
+    assert got["ranks"] == [0, 1] and got["sizes"] == [2, 2]
+    assert got["global_mean"] == pytest.approx(got["client_mean"], rel=1e-12)
+    assert got["gathered_in_order"] is True
+    assert got["same_error_everywhere"] is True
+    assert got["stuck_ranks"] == [1]
+    assert got["healthy_after_restart"] is True
+    assert not errors(got["_notebook"])
