@@ -1,0 +1,43 @@
+"""Sharded (data-parallel) Keras 3 training over MPI: exact gradient averaging, global logs, joint stops.
+
+Collective helpers for engines; Keras and TensorFlow are imported only by this subpackage, so
+``import mpinb`` stays light. Typical use on every rank::
+
+    X_local, y_local = mpinb.shard(X, y)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    history = mpinb.keras.fit(model, X_local, y_local, batch_size=256, epochs=10)
+    scores = mpinb.keras.evaluate(model, X_test_local, y_test_local)
+"""
+
+from __future__ import annotations
+
+from mpinb.keras.callbacks import (
+    BroadcastInitialState,
+    LearningRateWarmup,
+    MetricAverage,
+    RootCheckpoint,
+    StopOnInterrupt,
+    SyncNonTrainable,
+    broadcast_state,
+)
+from mpinb.keras.optimizer import DistributedOptimizer, is_distributed
+from mpinb.keras.training import evaluate, fit
+
+__all__ = [
+    "BroadcastInitialState",
+    "DistributedOptimizer",
+    "LearningRateWarmup",
+    "MetricAverage",
+    "RootCheckpoint",
+    "StopOnInterrupt",
+    "SyncNonTrainable",
+    "broadcast_state",
+    "evaluate",
+    "fit",
+    "is_distributed",
+]
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

@@ -1,0 +1,89 @@
+"""Framework-neutral pieces of sharded training: batch plans and averaging over NumPy arrays.
+
+Nothing here imports Keras or TensorFlow; the Keras glue in this package turns variables into NumPy
+arrays, calls these helpers, and writes the results back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from mpinb.comm import allreduce
+from mpinb.errors import check_same
+
+__all__ = ["average_arrays", "epoch_batches", "mean_logs", "steps_per_epoch", "sum_arrays"]
+
+
+def steps_per_epoch(counts: Sequence[int], per_rank_batch: int) -> int:
+    """Steps every rank can run in one epoch: the fewest full per-rank batches on any rank.
+
+    Local (given every rank's row count). Each rank drops the rows beyond ``steps * per_rank_batch``;
+    with shuffling a different subset is dropped each epoch. Running the same number of steps on
+    every rank is what keeps the per-step gradient Allreduce from hanging.
+    """
+    return int(min(int(c) // int(per_rank_batch) for c in counts))
+
+
+def epoch_batches(
+    n_local: int, *, per_rank_batch: int, steps: int, epoch: int, seed: int, rank: int, shuffle: bool
+) -> np.ndarray:
+    """Row indices of this rank's batches for one epoch, shape ``(steps, per_rank_batch)``.
+
+    Local. The permutation depends on ``(seed, epoch, rank)`` only, so it is reproducible, differs
+    between epochs and ranks, and needs no communication (the seed itself is shared).
+    """
+    used = steps * per_rank_batch
+    if shuffle:
+        order = np.random.default_rng([int(seed), int(epoch), int(rank)]).permutation(n_local)[:used]
+    else:
+        order = np.arange(used)
+    return order.astype(np.int64).reshape(steps, per_rank_batch)
+
+
+def average_arrays(arrays: Sequence[np.ndarray], *, comm: Any) -> list[np.ndarray]:
+    """Mean over ranks of each floating-point array (reduced in float64); other arrays unchanged.
+
+    Collective: one fused Allreduce. Integer state such as an optimizer's step counter is equal on
+    every rank by construction and averaging it would turn it into a float, so it is left alone.
+    """
+    floats = [i for i, a in enumerate(arrays) if np.asarray(a).dtype.kind == "f"]
+    reduced = allreduce([np.asarray(arrays[i], dtype=np.float64) for i in floats], op="mean", comm=comm)
+    out = [np.asarray(a) for a in arrays]
+    for i, r in zip(floats, reduced):
+        out[i] = np.asarray(r).astype(out[i].dtype)
+    return out
+
+
+def sum_arrays(arrays: Sequence[np.ndarray], *, comm: Any) -> list[np.ndarray]:
+    """Sum over ranks of each array, floats accumulated in float64 and cast back.
+
+    Collective: one fused Allreduce per wire dtype.
+    """
+    wide = [np.asarray(a, dtype=np.float64) if np.asarray(a).dtype.kind == "f" else np.asarray(a) for a in arrays]
+    reduced = allreduce(wide, op="sum", comm=comm)
+    return [np.asarray(r).astype(np.asarray(a).dtype) for r, a in zip(reduced, arrays)]
+
+
+def mean_logs(logs: Mapping[str, Any], *, comm: Any, skip: Sequence[str] = ()) -> dict[str, float]:
+    """Average every numeric scalar in ``logs`` over ranks, in sorted key order.
+
+    Collective. The key set is checked first (one tiny Allreduce), so a rank whose logs differ makes
+    every rank raise :class:`~mpinb.CollectiveMismatchError` instead of mixing up values. Keys in
+    ``skip`` (already global) and non-scalar values are returned unchanged.
+    """
+    keys = sorted(k for k, v in logs.items() if k not in skip and _is_scalar(v))
+    check_same(keys, "the names of the logged metrics", comm=comm)
+    out = dict(logs)
+    if keys:
+        values = allreduce([np.array([float(logs[k]) for k in keys])], op="mean", comm=comm)[0]
+        out.update({k: float(v) for k, v in zip(keys, values)})
+    return out
+
+
+def _is_scalar(value: Any) -> bool:
+    try:
+        return np.ndim(value) == 0 and np.asarray(value).dtype.kind in "biuf"
+    except Exception:  # noqa: BLE001 - anything odd is simply not averaged
+        return False

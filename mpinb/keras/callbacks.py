@@ -1,0 +1,368 @@
+"""Collective Keras callbacks: same initial state, global logs, synced statistics, root-only saving, joint stops."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+import keras
+import numpy as np
+
+from mpinb.comm import allreduce, bcast, on_root
+from mpinb.errors import _resolve, check_same
+from mpinb.interrupt import StopFlag
+from mpinb.keras._sync import average_arrays, mean_logs
+from mpinb.keras.optimizer import is_distributed
+
+__all__ = [
+    "BroadcastInitialState",
+    "LearningRateWarmup",
+    "MetricAverage",
+    "RootCheckpoint",
+    "StopOnInterrupt",
+    "SyncNonTrainable",
+    "broadcast_state",
+]
+
+
+class BroadcastInitialState(keras.callbacks.Callback):
+    """Copy rank 0's weights, non-trainable variables and optimizer state to every rank at train begin.
+
+    Collective (every rank's ``fit`` must hold it). Ranks initialise their weights independently, so
+    without this they start from different points and the averaged gradients fit none of them. The
+    optimizer state is copied too when the optimizer is already built (resuming); the weight shapes
+    are checked first, so a model that differs across ranks raises
+    :class:`~mpinb.CollectiveMismatchError` on every rank instead of hanging.
+
+    Parameters
+    ----------
+    root : int, default 0
+    comm : mpi4py.MPI.Comm, optional
+        Defaults to ``MPI.COMM_WORLD``.
+    """
+
+    def __init__(self, root: int = 0, *, comm: Any = None) -> None:
+        super().__init__()
+        self.root = root
+        self.comm = _resolve(comm)
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        broadcast_state(self.model, root=self.root, comm=self.comm)
+
+
+class MetricAverage(keras.callbacks.Callback):
+    """Replace each epoch's logs by their mean over ranks, in sorted key order.
+
+    Collective. Put it first in ``callbacks`` so that EarlyStopping, ReduceLROnPlateau and
+    checkpoints see the same global numbers on every rank and decide the same way. With the same
+    number of steps and the same per-rank batch size on every rank (what ``mpinb.keras.fit``
+    runs), the mean of per-rank means is the global mean; for exact metrics over uneven shards use
+    :func:`mpinb.keras.evaluate`.
+    """
+
+    def __init__(self, *, comm: Any = None) -> None:
+        super().__init__()
+        self.comm = _resolve(comm)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is None:
+            return
+        # Keras hands the same dict to the callbacks that follow, so update it in place.
+        logs.update(mean_logs(logs, comm=self.comm))
+
+
+class SyncNonTrainable(keras.callbacks.Callback):
+    """Average non-trainable floating-point variables (BatchNorm moving statistics) at each epoch end.
+
+    Collective. Each rank's BatchNorm layers see only its own batches, so their moving mean and
+    variance drift apart; ``BatchNormalization(synchronized=True)`` does nothing outside
+    ``tf.distribute``. Averaging at epoch end makes them identical on every rank before evaluation
+    and checkpoints.
+    """
+
+    def __init__(self, *, comm: Any = None) -> None:
+        super().__init__()
+        self.comm = _resolve(comm)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        sync_non_trainable(self.model, comm=self.comm)
+
+
+class LearningRateWarmup(keras.callbacks.Callback):
+    """Ramp the learning rate linearly from ``start_factor × lr`` to ``lr`` over the first epochs.
+
+    Local: every rank computes the same rate from the step count, so nothing is communicated.
+    Useful when scaling the learning rate with the number of ranks (a larger global batch): large
+    rates at the very start can diverge. The optimizer's learning rate must be a number, not a
+    schedule.
+
+    Parameters
+    ----------
+    warmup_epochs : float, default 5
+        Length of the ramp, in epochs (fractions allowed).
+    start_factor : float, optional
+        Initial rate as a fraction of the target; defaults to ``1 / number of ranks``.
+    comm : mpi4py.MPI.Comm, optional
+        Only used for the default ``start_factor``.
+    """
+
+    def __init__(self, warmup_epochs: float = 5, *, start_factor: float | None = None, comm: Any = None) -> None:
+        super().__init__()
+        if not warmup_epochs > 0:
+            raise ValueError(f"warmup_epochs must be > 0; got {warmup_epochs!r}.")
+        if start_factor is not None and not 0 < start_factor <= 1:
+            raise ValueError(f"start_factor must be in (0, 1]; got {start_factor!r}.")
+        self.warmup_epochs = warmup_epochs
+        self.start_factor = start_factor
+        self.comm = _resolve(comm)
+        self._target: float | None = None
+        self._epoch = 0
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        lr = self.model.optimizer.learning_rate
+        if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule) or callable(lr):
+            raise TypeError("LearningRateWarmup needs a constant learning rate, not a LearningRateSchedule.")
+        self._target = float(np.asarray(lr))
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        steps = (self.params or {}).get("steps") or 1
+        progress = (self._epoch + batch / steps) / self.warmup_epochs
+        if progress > 1 or self._target is None:
+            return
+        start = self.start_factor if self.start_factor is not None else 1.0 / self.comm.Get_size()
+        self.model.optimizer.learning_rate = self._target * (start + (1.0 - start) * progress)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._target is not None and epoch + 1 >= self.warmup_epochs:
+            self.model.optimizer.learning_rate = self._target
+
+
+class RootCheckpoint(keras.callbacks.Callback):
+    """Save the model (with optimizer state) as ``.keras`` on rank 0 after each epoch; others wait.
+
+    Collective. Rank 0 writes to a temporary file and renames it, so a crash never leaves a
+    half-written checkpoint, and records the finished epoch in ``<filepath>.json`` for
+    ``fit(..., resume=True)``. Its outcome, or its exception, reaches every rank, which is also the
+    barrier: no rank reads the file before it is complete. Put it after :class:`MetricAverage` and
+    :class:`SyncNonTrainable` so the saved state is the global one.
+
+    Parameters
+    ----------
+    filepath : str or os.PathLike
+        Must end in ``.keras``.
+    every : int, default 1
+        Save every ``every`` epochs (and always at the last one).
+    comm : mpi4py.MPI.Comm, optional
+        Defaults to ``MPI.COMM_WORLD``.
+    """
+
+    def __init__(self, filepath: str | os.PathLike, *, every: int = 1, comm: Any = None) -> None:
+        super().__init__()
+        filepath = os.fspath(filepath)
+        if not filepath.endswith(".keras"):
+            raise ValueError(f"RootCheckpoint saves the native Keras format: filepath must end in .keras; got {filepath!r}.")
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive integer number of epochs; got {every!r}.")
+        self.filepath = filepath
+        self.every = every
+        self.comm = _resolve(comm)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        last = epoch + 1 >= (self.params or {}).get("epochs", epoch + 1)
+        if (epoch + 1) % self.every and not last:
+            return
+        on_root(_save, self.model, self.filepath, epoch, comm=self.comm)
+
+
+class StopOnInterrupt(keras.callbacks.Callback):
+    """Make every stop collective: Ctrl-C, a NaN loss, or any callback's ``model.stop_training``.
+
+    Collective. Put it **last** in ``callbacks``. While training runs, SIGINT only sets a
+    :class:`~mpinb.interrupt.StopFlag`. With a ``DistributedOptimizer`` the vote rides in the
+    gradient buffer (no extra message): every rank learns after the same step that some rank asked
+    to stop, and stops there. With any other optimizer one three-number Allreduce per step decides.
+    A stop requested locally by another callback mid-epoch (``TerminateOnNaN`` seeing this rank's
+    loss) takes effect on all ranks one step later; at epoch end one small Allreduce agrees.
+    Non-finite averaged gradients stop every rank at that very step.
+
+    After training, ``stopped`` holds ``(reason, epoch, step)`` with reason ``"interrupt"``,
+    ``"nonfinite"`` or ``"callback"``, identical on every rank; with ``raise_errors=True`` an
+    interrupt raises ``KeyboardInterrupt`` and a non-finite loss ``FloatingPointError`` on every rank.
+
+    Parameters
+    ----------
+    flag : mpinb.interrupt.StopFlag, optional
+        The flag to watch (``flag.request()`` stops like Ctrl-C); a new one by default.
+    raise_errors : bool, default True
+    comm : mpi4py.MPI.Comm, optional
+        Defaults to ``MPI.COMM_WORLD``.
+    """
+
+    def __init__(self, flag: StopFlag | None = None, *, raise_errors: bool = True, comm: Any = None) -> None:
+        super().__init__()
+        self.flag = flag if flag is not None else StopFlag()
+        self.raise_errors = raise_errors
+        self.comm = _resolve(comm)
+        self.stopped: tuple[str, int, int] | None = None
+        self._entered = False
+        self._pending = 0.0
+        self._epoch = 0
+        self._exchange: Any = None
+        self._nonfinite_seen = 0
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.stopped = None
+        self._pending = 0.0
+        self._nonfinite_local = False
+        if not self._entered:
+            self.flag.__enter__()
+            self._entered = True
+        opt = self.model.optimizer
+        # One rank has no gradient exchange to carry the votes (the optimizer skips it there).
+        ex = opt._mpinb_exchange if is_distributed(opt) else None
+        self._exchange = ex if ex is not None and ex.comm.Get_size() > 1 else None
+        if self._exchange is not None:
+            self._exchange.stop_requested = False
+            self._exchange.interrupt_requested = False
+            self._nonfinite_seen = self._exchange.nonfinite_steps
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self._exchange is not None:
+            self._exchange.votes = (self.flag.value, self._pending)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        local_stop = bool(self.model.stop_training)
+        if local_stop:
+            # Another callback stopped this rank only: hold it back until every rank agrees.
+            self.model.stop_training = False
+            self._pending = 1.0
+        ex = self._exchange
+        if ex is not None:
+            nonfinite = ex.check_finite and ex.nonfinite_steps != self._nonfinite_seen
+            interrupt, stop = ex.interrupt_requested, ex.stop_requested
+            ex.interrupt_requested = ex.stop_requested = False
+        else:
+            loss = (logs or {}).get("loss")
+            bad = loss is not None and not math.isfinite(float(np.asarray(loss)))
+            interrupt, stop, nonfinite = (
+                v > 0 for v in allreduce([np.array([self.flag.value, self._pending, float(bad)])], comm=self.comm)[0]
+            )
+        self._decide(interrupt, nonfinite, stop, batch)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        loss = (logs or {}).get("loss")
+        bad = loss is not None and not math.isfinite(float(np.asarray(loss)))
+        local = [self.flag.value, max(self._pending, float(bool(self.model.stop_training))), float(bad)]
+        interrupt, stop, nonfinite = (v > 0 for v in allreduce([np.array(local)], comm=self.comm)[0])
+        self.model.stop_training = False
+        self._decide(interrupt, nonfinite, stop, None)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self.release()
+        if self.raise_errors:
+            self.raise_if_stopped()
+
+    def release(self) -> None:
+        """Give SIGINT back to its previous handler (idempotent; on_train_end calls it)."""
+        if self._entered:
+            self.flag.__exit__(None, None, None)
+            self._entered = False
+
+    def raise_if_stopped(self) -> None:
+        """Raise the error that matches ``stopped`` (the same on every rank); nothing otherwise."""
+        if self.stopped is None:
+            return
+        reason, epoch, step = self.stopped
+        where = f"epoch {epoch + 1}" + (f", step {step + 1}" if step >= 0 else " end")
+        if reason == "interrupt":
+            self.flag.raise_interrupt(f"training stopped at {where}")
+        if reason == "nonfinite":
+            raise FloatingPointError(
+                f"The loss or the averaged gradients became NaN or infinite at {where}; training "
+                "stopped on every rank. Lower the learning rate, clip gradients, or check the data."
+            )
+
+    def _decide(self, interrupt: bool, nonfinite: bool, stop: bool, batch: int | None) -> None:
+        if not (interrupt or nonfinite or stop) or self.stopped is not None:
+            if self.stopped is not None:
+                self.model.stop_training = True
+            return
+        reason = "interrupt" if interrupt else "nonfinite" if nonfinite else "callback"
+        self.stopped = (reason, self._epoch, -1 if batch is None else batch)
+        self.model.stop_training = True
+        self._pending = 0.0
+
+
+def broadcast_state(model: Any, *, root: int = 0, comm: Any = None) -> None:
+    """Copy ``root``'s model weights (and built optimizer variables) to every rank.
+
+    Collective. Shapes and dtypes are checked first: a model that differs across ranks raises
+    :class:`~mpinb.CollectiveMismatchError` on every rank.
+    """
+    comm = _resolve(comm)
+    if not model.built:
+        raise ValueError(
+            "The model has no weights yet; build it (keras.Input(...) as first layer, or call it on "
+            "one batch) before broadcasting its state."
+        )
+    variables = list(model.weights)
+    opt = getattr(model, "optimizer", None)
+    built = bool(opt is not None and opt.built)
+    check_same(built, "whether the optimizer is built (has state to broadcast)", comm=comm)
+    if built:
+        variables += list(opt.variables)
+    check_same([(tuple(v.shape), str(v.dtype)) for v in variables], "the model's weight shapes and dtypes", comm=comm)
+    if comm.Get_size() == 1:
+        return
+    values = [np.array(v.numpy(), copy=True) for v in variables]
+    for v, value in zip(variables, _bcast_arrays(values, root=root, comm=comm)):
+        v.assign(value)
+
+
+def sync_non_trainable(model: Any, *, comm: Any = None) -> None:
+    """Average the model's floating-point non-trainable variables over ranks. Collective."""
+    comm = _resolve(comm)
+    variables = [v for v in model.non_trainable_variables if np.dtype(str(v.dtype)).kind == "f"]
+    if comm.Get_size() == 1 or not variables:
+        return
+    for v, value in zip(variables, average_arrays([v.numpy() for v in variables], comm=comm)):
+        v.assign(value)
+
+
+def _bcast_arrays(values: list[np.ndarray], *, root: int, comm: Any) -> list[np.ndarray]:
+    """One buffer Bcast per dtype (layouts already checked identical on every rank)."""
+    out: list[np.ndarray] = [np.empty(0)] * len(values)
+    groups: dict[str, list[int]] = {}
+    for i, v in enumerate(values):
+        groups.setdefault(v.dtype.str, []).append(i)
+    for dtype, members in groups.items():
+        flat = np.concatenate([values[i].reshape(-1) for i in members]) if members else np.empty(0, dtype)
+        flat = bcast(flat if comm.Get_rank() == root else None, root=root, comm=comm)
+        offset = 0
+        for i in members:
+            n = values[i].size
+            out[i] = flat[offset : offset + n].reshape(values[i].shape)
+            offset += n
+    return out
+
+
+def _save(model: Any, filepath: str, epoch: int) -> None:
+    """Rank 0 only: write the model atomically, then the epoch record beside it."""
+    directory = os.path.dirname(os.path.abspath(filepath))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{filepath[:-len('.keras')]}.tmp-{os.getpid()}.keras"
+    model.save(tmp)
+    os.replace(tmp, filepath)
+    record = {"epoch": int(epoch), "saved_at": time.time()}
+    with open(f"{filepath}.json.tmp", "w") as fh:
+        json.dump(record, fh)
+    os.replace(f"{filepath}.json.tmp", f"{filepath}.json")

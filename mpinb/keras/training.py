@@ -1,0 +1,543 @@
+"""`fit` and `evaluate` over sharded data: equal steps on every rank, global logs, exact evaluation."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+import warnings
+from typing import Any
+
+import keras
+import numpy as np
+
+from mpinb.comm import allreduce, limit_threads, on_root
+from mpinb.errors import CollectiveMismatchError, _resolve, check_all, check_same, raise_together
+from mpinb.keras._sync import average_arrays, epoch_batches, steps_per_epoch, sum_arrays
+from mpinb.keras.callbacks import (
+    BroadcastInitialState,
+    MetricAverage,
+    RootCheckpoint,
+    StopOnInterrupt,
+    broadcast_state,
+    sync_non_trainable,
+)
+from mpinb.keras.optimizer import DistributedOptimizer, is_distributed
+
+__all__ = ["evaluate", "fit"]
+
+_STRATEGIES = ("gradients", "weights")
+
+
+def fit(
+    model: Any,
+    x: Any,
+    y: Any,
+    *,
+    batch_size: int,
+    epochs: int = 1,
+    validation_data: tuple[Any, Any] | None = None,
+    strategy: str = "gradients",
+    average_every: int = 1,
+    shuffle: bool = True,
+    seed: int | None = None,
+    callbacks: list[Any] | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    resume: bool = False,
+    verbose: int | str = "auto",
+    comm: Any = None,
+) -> dict[str, Any]:
+    """Train a compiled Keras model data-parallel over MPI ranks, each rank holding its own shard.
+
+    Collective: every rank calls it with its own ``x, y`` and the same other arguments. The result
+    does not depend on the number of ranks beyond float round-off: ``batch_size`` is the *global*
+    batch, split into ``batch_size // n_ranks`` rows per rank, and with ``strategy="gradients"``
+    one step on N ranks computes the same update as one step on the concatenated batch in one
+    process.
+
+    Every rank runs the same number of steps per epoch (the fewest full per-rank batches any rank
+    holds; the rest of each shard is left out that epoch, a different part each epoch when
+    shuffling), so uneven shards never hang a collective. Rank 0's initial weights are broadcast,
+    epoch logs are global (averaged in sorted key order before any callback sees them),
+    validation metrics are exact over uneven shards, BatchNorm statistics are averaged each epoch,
+    and any stop (EarlyStopping, Ctrl-C, a NaN loss) happens on every rank at the same step.
+
+    Parameters
+    ----------
+    model : keras.Model
+        Compiled, with the same architecture on every rank. With ``strategy="gradients"`` its
+        optimizer is replaced by ``DistributedOptimizer(optimizer)`` unless it already is one, and
+        XLA (``jit_compile``) is turned off.
+    x, y : array_like
+        This rank's training rows (arrays, or a list/dict of arrays for multi-input models).
+    batch_size : int
+        Global batch size: rows per step summed over ranks; a multiple of the number of ranks.
+    epochs : int, default 1
+    validation_data : (x_val, y_val), optional
+        This rank's validation shard (may be empty on some ranks); scored exactly each epoch as
+        ``val_*`` logs.
+    strategy : {"gradients", "weights"}, default "gradients"
+        ``"gradients"``: gradients averaged every step (one fused Allreduce). ``"weights"``: each
+        rank takes local steps and weights plus optimizer state are averaged every
+        ``average_every`` steps and at each epoch end.
+    average_every : int, default 1
+        Steps between weight averages for ``strategy="weights"``.
+    shuffle : bool, default True
+        Reshuffle each rank's shard every epoch from a seed shared by all ranks.
+    seed : int, optional
+        The shared shuffling seed; drawn on rank 0 and broadcast when omitted.
+    callbacks : list of keras.callbacks.Callback, optional
+        They receive global epoch logs (this is also the hook for live progress plots).
+    checkpoint : str or os.PathLike, optional
+        A ``.keras`` path rank 0 saves to after every epoch (:class:`RootCheckpoint`).
+    resume : bool, default False
+        Continue from ``checkpoint`` when it exists: weights and optimizer state from the file, on
+        every rank, from the epoch after the saved one.
+    verbose : int or "auto", default "auto"
+        Keras verbosity on rank 0 ("auto": one line per epoch); other ranks are silent.
+    comm : mpi4py.MPI.Comm, optional
+        Defaults to ``MPI.COMM_WORLD``.
+
+    Returns
+    -------
+    dict
+        Identical on every rank. ``"epoch"`` (0-based), every global metric (``"loss"``,
+        ``"val_loss"``, ...) as lists over epochs, ``"rank_loss"`` (per epoch, each rank's own
+        training loss), ``"compute_seconds"`` and ``"comm_seconds"`` (per epoch, per rank),
+        ``"steps"`` per epoch, and ``"params"``.
+
+    Raises
+    ------
+    ValueError
+        Bad arguments or data (``len(x) != len(y)``, a shard with fewer rows than one per-rank
+        batch, NaN inputs), on every rank, before training.
+    CollectiveMismatchError
+        The model or the arguments differ across ranks.
+    FloatingPointError
+        The loss became NaN or infinite; every rank stopped at the same step.
+    KeyboardInterrupt
+        Ctrl-C (or a ``StopFlag`` request) on any rank; every rank stopped at the same step.
+
+    Examples
+    --------
+    >>> X_local, y_local = mpinb.shard(X, y)
+    >>> history = mpinb.keras.fit(model, X_local, y_local, batch_size=256, epochs=10)
+    >>> history["loss"][-1], history["rank_loss"][-1]
+    """
+    comm = _resolve(comm)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    user_callbacks = list(callbacks or [])
+    with raise_together(comm=comm):
+        _check_fit_args(batch_size, epochs, strategy, average_every, size, user_callbacks, checkpoint, resume)
+        n_local = _check_xy(x, y, "x", "y")
+        if validation_data is not None:
+            if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
+                raise TypeError("validation_data must be a pair (x_val, y_val) of this rank's validation rows.")
+            _check_xy(*validation_data, "validation_data[0]", "validation_data[1]")
+        _check_model(model, strategy)
+        _check_finite_inputs(x, y)
+    check_same(
+        (batch_size, epochs, strategy, average_every, bool(shuffle), seed, validation_data is None,
+         None if checkpoint is None else os.fspath(checkpoint), bool(resume)),
+        "fit()'s arguments (batch_size, epochs, strategy, average_every, shuffle, seed, validation, checkpoint, resume)",
+        comm=comm,
+    )
+    per_rank = batch_size // size
+    counts = comm.allgather(n_local)
+    check_all(
+        n_local >= per_rank,
+        f"this rank holds {n_local} training rows, fewer than one per-rank batch of {per_rank} "
+        f"(batch_size={batch_size} over {size} ranks); give every rank at least {per_rank} rows or lower batch_size",
+        comm=comm,
+    )
+    steps = steps_per_epoch(counts, per_rank)
+    if not model.built:
+        model(_take(x, np.arange(min(1, n_local))))
+    if seed is None:
+        seed = on_root(lambda: secrets.randbits(62), comm=comm)
+
+    with warnings.catch_warnings():
+        # TensorFlow's pools are fixed once it runs; limit_threads says so, and that is expected here.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        limit_threads(comm=comm)
+
+    if strategy == "gradients":
+        if not is_distributed(model.optimizer):
+            model.optimizer = DistributedOptimizer(model.optimizer, comm=comm)
+            model.train_function = None  # retrace: the cached step still calls the old optimizer
+        if model.jit_compile:
+            if rank == 0:
+                warnings.warn(
+                    "mpinb.keras.fit turned jit_compile off: XLA cannot compile the MPI Allreduce.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            model.jit_compile = False
+            model.train_function = None
+
+    initial_epoch = 0
+    if checkpoint is not None and resume:
+        initial_epoch = _resume(model, os.fspath(checkpoint), comm)
+    # Before any step: same starting point everywhere (and a model that differs across ranks fails
+    # here, on every rank, with the shapes it found).
+    broadcast_state(model, comm=comm)
+
+    loop = _FitLoop(
+        comm=comm, strategy=strategy, average_every=average_every, steps=steps, per_rank=per_rank,
+        validation_data=validation_data, eval_batch=max(per_rank, 32),
+    )
+    stopper = next((cb for cb in user_callbacks if isinstance(cb, StopOnInterrupt)), None)
+    if stopper is None:
+        stopper = StopOnInterrupt(comm=comm)
+    stopper.raise_errors = False
+    # Order matters: the loop makes logs global before user callbacks (EarlyStopping, live plots)
+    # read them; the checkpoint saves the synced state; the stopper, last, turns every stop request
+    # made by the callbacks before it into a decision shared by all ranks.
+    ordered = [
+        loop,
+        *[cb for cb in user_callbacks if not isinstance(cb, (StopOnInterrupt, MetricAverage, BroadcastInitialState))],
+    ]
+    if checkpoint is not None:
+        ordered.append(RootCheckpoint(checkpoint, comm=comm))
+    ordered.append(stopper)
+
+    history = loop.history
+    history["params"] = {
+        "batch_size": batch_size, "per_rank_batch": per_rank, "steps_per_epoch": steps, "ranks": size,
+        "strategy": strategy, "average_every": average_every, "seed": int(seed), "shuffle": bool(shuffle),
+        "rows_per_rank": [int(c) for c in counts], "initial_epoch": initial_epoch, "epochs": epochs,
+    }
+    if initial_epoch < epochs:
+        dataset = _dataset(x, y, n_local, per_rank, steps, initial_epoch, epochs, seed, rank, shuffle)
+        try:
+            model.fit(
+                dataset,
+                epochs=epochs,
+                initial_epoch=initial_epoch,
+                steps_per_epoch=steps,
+                callbacks=ordered,
+                shuffle=False,  # the dataset is already in the epoch's order
+                verbose=(2 if verbose == "auto" else verbose) if rank == 0 else 0,
+            )
+        finally:
+            stopper.release()
+    if stopper.stopped is not None:
+        try:
+            stopper.raise_if_stopped()
+        except BaseException as err:
+            err.add_note(f"mpinb: the history up to the stop is in this exception's .history")
+            err.history = history  # type: ignore[attr-defined]
+            raise
+    return history
+
+
+def evaluate(model: Any, x: Any, y: Any, *, batch_size: int = 32, comm: Any = None) -> dict[str, float]:
+    """Exact global metrics of a compiled model over test shards of any sizes.
+
+    Collective. Each rank evaluates its own rows; then every metric's state variables (totals and
+    counts, confusion counts, ...) are summed over ranks before the results are read, so the numbers
+    equal one process evaluating all rows, even when shards are uneven or some are empty. (Averaging
+    per-rank results would weight small shards too much.) Metrics whose state does not add up
+    across rows, such as a running maximum, are not supported.
+
+    Parameters
+    ----------
+    model : keras.Model
+        Compiled; the same on every rank.
+    x, y : array_like
+        This rank's rows; zero rows are fine as long as some rank has rows.
+    batch_size : int, default 32
+        Rows per evaluation batch on each rank (affects speed, not the result).
+    comm : mpi4py.MPI.Comm, optional
+        Defaults to ``MPI.COMM_WORLD``.
+
+    Returns
+    -------
+    dict
+        Metric name → value (``"loss"`` first among sorted keys), identical on every rank.
+
+    Examples
+    --------
+    >>> scores = mpinb.keras.evaluate(model, X_test_local, y_test_local)
+    >>> scores["accuracy"]
+    """
+    comm = _resolve(comm)
+    with raise_together(comm=comm):
+        if not _is_int(batch_size) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}.")
+        n_local = _check_xy(x, y, "x", "y")
+        if not getattr(model, "compiled", False):
+            raise ValueError("evaluate needs a compiled model: call model.compile(loss=..., metrics=...) first.")
+    (total,) = allreduce([np.int64(n_local)], comm=comm)
+    if total == 0:
+        raise ValueError("evaluate got no rows on any rank; pass each rank's test shard.")
+    return _global_evaluate(model, x, y, n_local, batch_size, comm)
+
+
+class _FitLoop(keras.callbacks.Callback):
+    """fit's own bookkeeping, first after the broadcast: weight averaging, BatchNorm sync, global
+    logs, exact validation, timings and the history dict."""
+
+    def __init__(self, *, comm: Any, strategy: str, average_every: int, steps: int, per_rank: int,
+                 validation_data: Any, eval_batch: int) -> None:
+        super().__init__()
+        self.comm = comm
+        self.strategy = strategy
+        self.average_every = average_every
+        self.steps = steps
+        self.validation_data = validation_data
+        self.eval_batch = eval_batch
+        self.history: dict[str, Any] = {"epoch": [], "steps": [], "rank_loss": [], "compute_seconds": [],
+                                        "comm_seconds": []}
+        self._since_average = 0
+        self._t0 = 0.0
+        self._comm0 = 0.0
+        self._comm_weights = 0.0
+        self._steps_done = 0
+
+    def _exchange_seconds(self) -> float:
+        opt = self.model.optimizer
+        return opt._mpinb_exchange.seconds if is_distributed(opt) else 0.0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._steps_done = 0
+        self._comm_weights = 0.0
+        self._comm0 = self._exchange_seconds()
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._steps_done += 1
+        if self.strategy == "weights":
+            self._since_average += 1
+            if self._since_average >= self.average_every:
+                self._average_weights()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        logs = logs if logs is not None else {}
+        if self.strategy == "weights" and self._since_average:
+            self._average_weights()
+        wall = time.perf_counter() - self._t0
+        comm_s = self._exchange_seconds() - self._comm0 + self._comm_weights
+        sync_non_trainable(self.model, comm=self.comm)
+        local = {k: float(np.asarray(v)) for k, v in logs.items() if np.ndim(v) == 0}
+        gathered = self.comm.allgather((sorted(local), [local[k] for k in sorted(local)], wall - comm_s, comm_s,
+                                        self._steps_done))
+        keys = gathered[0][0]
+        if any(g[0] != keys for g in gathered):
+            raise CollectiveMismatchError(
+                "the names of the logged metrics must be the same on every rank, but differ: "
+                + "; ".join(f"rank {r}: {g[0]}" for r, g in enumerate(gathered))
+            )
+        # The same arithmetic on the same gathered numbers, in rank order: identical on every rank.
+        values = np.array([g[1] for g in gathered], dtype=np.float64).reshape(len(gathered), len(keys))
+        means = values.mean(axis=0) if keys else []
+        logs.update({k: float(m) for k, m in zip(keys, means)})
+        if self.validation_data is not None:
+            xv, yv = self.validation_data
+            scores = _global_evaluate(self.model, xv, yv, _length(xv), self.eval_batch, self.comm)
+            logs.update({f"val_{k}": v for k, v in scores.items()})
+        h = self.history
+        h["epoch"].append(int(epoch))
+        h["steps"].append(int(gathered[0][4]))
+        if "loss" in keys:
+            h["rank_loss"].append([float(g[1][keys.index("loss")]) for g in gathered])
+        h["compute_seconds"].append([float(g[2]) for g in gathered])
+        h["comm_seconds"].append([float(g[3]) for g in gathered])
+        for k in sorted(logs):
+            if np.ndim(logs[k]) == 0:
+                h.setdefault(k, []).append(float(logs[k]))
+
+    def _average_weights(self) -> None:
+        t0 = time.perf_counter()
+        variables = list(self.model.weights)
+        opt = self.model.optimizer
+        if opt.built:
+            variables += list(opt.variables)
+        averaged = average_arrays([v.numpy() for v in variables], comm=self.comm)
+        for v, a in zip(variables, averaged):
+            v.assign(a)
+        self._since_average = 0
+        self._comm_weights += time.perf_counter() - t0
+
+
+def _global_evaluate(model: Any, x: Any, y: Any, n_local: int, batch_size: int, comm: Any) -> dict[str, float]:
+    if n_local > 0:
+        model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
+    else:
+        # Metric variables are created on the first update; an empty shard evaluates one dummy row
+        # so its metrics have the same layout as everyone else's, then zeroes their state.
+        model.evaluate(_dummy_row(x), _dummy_row(y), verbose=0, return_dict=True)
+        for m in model.metrics:
+            m.reset_state()
+    variables = list(model.metrics_variables)
+    local = [np.array(v.numpy(), copy=True) for v in variables]
+    for v, s in zip(variables, sum_arrays(local, comm=comm)):
+        v.assign(s)
+    results = model.get_metrics_result()
+    for v, mine in zip(variables, local):
+        v.assign(mine)  # leave this rank's own state as Keras left it
+    return {k: float(np.asarray(results[k])) for k in sorted(results)}
+
+
+def _dataset(x: Any, y: Any, n_local: int, per_rank: int, steps: int, first_epoch: int, epochs: int,
+             seed: int, rank: int, shuffle: bool) -> Any:
+    """A tf.data pipeline yielding exactly ``steps`` batches per epoch, each epoch's order drawn by
+    :func:`epoch_batches` (so it is NumPy-defined and reproducible), gathered from tensors in memory."""
+    import tensorflow as tf
+
+    xt = tf.nest.map_structure(tf.convert_to_tensor, _as_arrays(x))
+    yt = tf.nest.map_structure(tf.convert_to_tensor, _as_arrays(y))
+
+    def order(epoch: np.ndarray) -> np.ndarray:
+        return epoch_batches(n_local, per_rank_batch=per_rank, steps=steps, epoch=int(epoch), seed=seed,
+                             rank=rank, shuffle=shuffle)
+
+    def epoch_indices(epoch: Any) -> Any:
+        idx = tf.numpy_function(order, [epoch], tf.int64, stateful=False)
+        return tf.data.Dataset.from_tensor_slices(tf.ensure_shape(idx, (steps, per_rank)))
+
+    def gather(idx: Any) -> Any:
+        return (tf.nest.map_structure(lambda t: tf.gather(t, idx), xt),
+                tf.nest.map_structure(lambda t: tf.gather(t, idx), yt))
+
+    return (tf.data.Dataset.range(first_epoch, epochs)
+            .flat_map(epoch_indices)
+            .map(gather, num_parallel_calls=1, deterministic=True)
+            .prefetch(2))
+
+
+def _resume(model: Any, path: str, comm: Any) -> int:
+    """Load the checkpoint on rank 0; the broadcast at train begin then gives its state to everyone.
+    Returns the first epoch to run (0 when there is no checkpoint yet)."""
+    opt = model.optimizer
+    if not opt.built:
+        # Built everywhere, so the optimizer state is part of the broadcast layout on every rank.
+        opt.build(model.trainable_variables)
+    return on_root(_load_checkpoint, model, path, comm=comm)
+
+
+def _load_checkpoint(model: Any, path: str) -> int:
+    if not os.path.exists(path):
+        return 0
+    record_path = f"{path}.json"
+    if not os.path.exists(record_path):
+        raise FileNotFoundError(f"{path} exists but its epoch record {record_path} does not; was it written by RootCheckpoint?")
+    with open(record_path) as fh:
+        epoch = int(json.load(fh)["epoch"])
+    saved = keras.models.load_model(path, compile=True)
+    if [tuple(v.shape) for v in saved.weights] != [tuple(v.shape) for v in model.weights]:
+        raise ValueError(f"The checkpoint {path} holds a model with different weight shapes than this one.")
+    for v, s in zip(model.weights, saved.weights):
+        v.assign(s.numpy())
+    mine, theirs = model.optimizer.variables, getattr(saved.optimizer, "variables", [])
+    if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
+        raise ValueError(f"The optimizer state in {path} does not match this model's optimizer ({type(model.optimizer).__name__}).")
+    for v, s in zip(mine, theirs):
+        v.assign(s.numpy())
+    return epoch + 1
+
+
+def _check_fit_args(batch_size: Any, epochs: Any, strategy: Any, average_every: Any, size: int,
+                    callbacks: list[Any], checkpoint: Any, resume: Any) -> None:
+    if not _is_int(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer (the global batch over all ranks); got {batch_size!r}.")
+    if batch_size % size:
+        lower = max(size, batch_size // size * size)
+        raise ValueError(
+            f"batch_size is the global batch and must be a multiple of the number of ranks ({size}); "
+            f"got {batch_size}. Use {lower} or {lower + size}."
+        )
+    if not _is_int(epochs) or epochs < 0:
+        raise ValueError(f"epochs must be a non-negative integer; got {epochs!r}.")
+    if strategy not in _STRATEGIES:
+        raise ValueError(f"strategy must be 'gradients' or 'weights'; got {strategy!r}.")
+    if not _is_int(average_every) or average_every < 1:
+        raise ValueError(f"average_every must be a positive integer number of steps; got {average_every!r}.")
+    for cb in callbacks:
+        if not isinstance(cb, keras.callbacks.Callback):
+            raise TypeError(f"callbacks must be keras.callbacks.Callback instances; got {cb!r}.")
+    if resume and checkpoint is None:
+        raise ValueError("resume=True needs checkpoint='path.keras' to resume from.")
+
+
+def _check_model(model: Any, strategy: str) -> None:
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"model must be a keras.Model; got {type(model).__name__}.")
+    if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
+        raise ValueError("The model is not compiled: call model.compile(optimizer=..., loss=...) before fit.")
+    opt = model.optimizer
+    inner = getattr(opt, "inner_optimizer", None)
+    if inner is not None and is_distributed(inner) and not is_distributed(opt):
+        raise ValueError(
+            "The model's LossScaleOptimizer wraps a DistributedOptimizer; wrap the outermost one instead: "
+            "compile(optimizer=DistributedOptimizer(LossScaleOptimizer(opt))), or pass a plain optimizer."
+        )
+    if strategy == "weights" and is_distributed(opt):
+        raise ValueError(
+            "strategy='weights' averages weights, so the optimizer must not also average gradients: "
+            "compile with the plain optimizer, not a DistributedOptimizer."
+        )
+
+
+def _check_xy(x: Any, y: Any, xname: str, yname: str) -> int:
+    nx, ny = _length(x), _length(y)
+    if nx != ny:
+        raise ValueError(f"{xname} and {yname} must have the same number of rows; got {nx} and {ny}.")
+    return nx
+
+
+def _check_finite_inputs(x: Any, y: Any) -> None:
+    for name, value in (("x", x), ("y", y)):
+        for leaf in _leaves(_as_arrays(value)):
+            if leaf.dtype.kind == "f" and not np.isfinite(leaf).all():
+                raise ValueError(f"{name} contains NaN or infinity; clean the data before training.")
+
+
+def _length(data: Any) -> int:
+    lengths = {len(leaf) if leaf.ndim else -1 for leaf in _leaves(_as_arrays(data))}
+    if len(lengths) != 1 or -1 in lengths:
+        raise ValueError(f"every input array needs the same number of rows along axis 0; got lengths {sorted(lengths)}.")
+    return lengths.pop()
+
+
+def _as_arrays(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: np.asarray(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)) and data and all(hasattr(v, "shape") for v in data):
+        return type(data)(np.asarray(v) for v in data)
+    return np.asarray(data)
+
+
+def _leaves(data: Any) -> list[np.ndarray]:
+    if isinstance(data, dict):
+        return [data[k] for k in sorted(data)]
+    if isinstance(data, (list, tuple)):
+        return list(data)
+    return [data]
+
+
+def _take(data: Any, idx: np.ndarray) -> Any:
+    data = _as_arrays(data)
+    if isinstance(data, dict):
+        return {k: v[idx] for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(v[idx] for v in data)
+    return data[idx]
+
+
+def _dummy_row(data: Any) -> Any:
+    data = _as_arrays(data)
+
+    def one(v: np.ndarray) -> np.ndarray:
+        return np.zeros((1, *v.shape[1:]), dtype=v.dtype)
+
+    if isinstance(data, dict):
+        return {k: one(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(one(v) for v in data)
+    return one(data)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

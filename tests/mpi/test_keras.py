@@ -1,0 +1,351 @@
+"""mpinb.keras under mpiexec at 1, 2 and 4 ranks: exactness, agreement across ranks, errors together.
+
+TensorFlow costs ~10 s to import per process, so everything runs in the one pytest process per world
+size, with small models (64-32-10) and few epochs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
+
+import mpinb
+
+keras = pytest.importorskip("keras")
+mk = pytest.importorskip("mpinb.keras")
+
+pytestmark = pytest.mark.mpi_sizes(1, 2, 4)
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+LOSS = "sparse_categorical_crossentropy"
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    return (X / 16.0).astype(np.float32), y.astype(np.int64)
+
+
+def mlp(seed: int = 0, *, hidden: int = 32, batchnorm: bool = False, optimizer=None, metrics=("accuracy",)):
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((64,)), keras.layers.Dense(hidden, activation="relu")]
+    if batchnorm:
+        layers.append(keras.layers.BatchNormalization())
+    layers.append(keras.layers.Dense(10, activation="softmax"))
+    model = keras.Sequential(layers)
+    model.compile(optimizer=optimizer or keras.optimizers.SGD(0.05, momentum=0.9), loss=LOSS, metrics=list(metrics))
+    return model
+
+
+def weights_of(model) -> np.ndarray:
+    return np.concatenate([np.ravel(w) for w in model.get_weights()])
+
+
+def global_batches_order(n_total: int, per_rank: int) -> np.ndarray:
+    """Row order for one process that sees, at step k, the concatenation of every rank's k-th batch."""
+    bounds = [mpinb.shard_bounds(n_total, rank=r, size=SIZE) for r in range(SIZE)]
+    steps = min((hi - lo) // per_rank for lo, hi in bounds)
+    return np.concatenate(
+        [np.arange(lo + k * per_rank, lo + (k + 1) * per_rank) for k in range(steps) for lo, _ in bounds]
+    )
+
+
+def relative_error(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+class CountBatches(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+
+# --- exactness of the gradient strategy -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [lambda: keras.optimizers.SGD(0.05, momentum=0.9), lambda: keras.optimizers.Adam(0.01)],
+    ids=["sgd_momentum", "adam"],
+)
+def test_gradients_equal_single_process_full_batch(digits, make_optimizer):
+    X, y = digits
+    X, y = X[:1792], y[:1792]  # 1792 = 4 × 448: equal shards at 1, 2 and 4 ranks
+    global_batch = 64
+    Xl, yl = mpinb.shard(X, y)
+    model = mlp(1, optimizer=make_optimizer())
+    reference = mlp(1, optimizer=make_optimizer())
+    reference.set_weights(model.get_weights())
+
+    history = mk.fit(model, Xl, yl, batch_size=global_batch, epochs=3, shuffle=False, verbose=0)
+    order = global_batches_order(len(X), global_batch // SIZE)
+    ref_history = reference.fit(X[order], y[order], batch_size=global_batch, epochs=3, shuffle=False, verbose=0)
+
+    mine, ref = weights_of(model), weights_of(reference)
+    assert_everywhere(relative_error(mine, ref) < 1e-5, f"weights within 1e-5 of one process ({relative_error(mine, ref):.2e})")
+    assert_same_everywhere(mine)  # bit-identical across ranks
+    # Global logs are the single-process ones: the mean over ranks of equal-sized per-rank means.
+    np.testing.assert_allclose(history["loss"], ref_history.history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history["accuracy"], ref_history.history["accuracy"], rtol=1e-5)
+    assert history["steps"] == [len(X) // global_batch] * 3
+    np.testing.assert_allclose(np.mean(history["rank_loss"], axis=1), history["loss"], rtol=1e-6)
+
+
+def test_uneven_digits_run_the_same_steps_everywhere(digits):
+    X, y = digits  # 1,797 rows: uneven shards at 2 and 4 ranks
+    Xl, yl = mpinb.shard(X, y)
+    counter = CountBatches()
+    history = mk.fit(mlp(2), Xl, yl, batch_size=32, epochs=2, seed=5, callbacks=[counter], verbose=0)
+    per_rank = 32 // SIZE
+    expected = min((hi - lo) // per_rank for lo, hi in (mpinb.shard_bounds(len(X), rank=r, size=SIZE) for r in range(SIZE)))
+    assert_same_everywhere(counter.batches)
+    assert counter.batches == 2 * expected
+    assert history["steps"] == [expected, expected]
+    assert len(history["rank_loss"][0]) == SIZE
+    assert np.array(history["compute_seconds"]).shape == (2, SIZE)
+    assert np.array(history["comm_seconds"]).shape == (2, SIZE)
+    assert history["params"]["rows_per_rank"] == [hi - lo for lo, hi in (mpinb.shard_bounds(len(X), rank=r, size=SIZE) for r in range(SIZE))]
+    assert_same_everywhere(history["loss"])
+
+
+@pytest.mark.parametrize("empty_rank", [False, True], ids=["uneven", "one_rank_empty"])
+def test_evaluate_is_exact_over_uneven_shards(digits, empty_rank):
+    X, y = digits
+    Xt, yt = X[1400:], y[1400:]  # 397 rows
+    model = mlp(3)
+    model.fit(X[:1400], y[:1400], batch_size=64, epochs=1, verbose=0)
+    mk.broadcast_state(model)  # one model everywhere, so the one-process reference is the same
+    if empty_rank and SIZE > 1:
+        lo, hi = (0, 0) if RANK == SIZE - 1 else mpinb.shard_bounds(len(Xt), rank=RANK, size=SIZE - 1)
+    else:
+        lo, hi = mpinb.shard_bounds(len(Xt), rank=RANK, size=SIZE)
+    scores = mk.evaluate(model, Xt[lo:hi], yt[lo:hi], batch_size=16)
+    whole = model.evaluate(Xt, yt, batch_size=64, verbose=0, return_dict=True)
+    assert sorted(scores) == sorted(whole)
+    for key in whole:
+        np.testing.assert_allclose(scores[key], whole[key], rtol=1e-6, err_msg=key)
+    assert_same_everywhere([scores[k] for k in sorted(scores)])
+
+
+def test_validation_logs_are_exact(digits):
+    X, y = digits
+    Xl, yl = mpinb.shard(X[:1200], y[:1200])
+    Xv, yv = mpinb.shard(X[1200:], y[1200:])
+    model = mlp(4)
+    history = mk.fit(model, Xl, yl, batch_size=64, epochs=1, validation_data=(Xv, yv), verbose=0)
+    whole = model.evaluate(X[1200:], y[1200:], verbose=0, return_dict=True)
+    np.testing.assert_allclose(history["val_loss"][-1], whole["loss"], rtol=1e-6)
+    np.testing.assert_allclose(history["val_accuracy"][-1], whole["accuracy"], rtol=1e-6)
+
+
+# --- callbacks: joint stopping, BatchNorm, checkpoints ---------------------------------------------
+
+
+def test_early_stopping_and_batchnorm_agree_across_ranks(digits):
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+    model = mlp(5, batchnorm=True)
+    stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1)
+    history = mk.fit(model, Xl, yl, batch_size=64, epochs=6, callbacks=[stop], seed=1, verbose=0)
+    assert len(history["epoch"]) == 2  # no epoch improves by 10: stop after patience + 1 epochs
+    assert_same_everywhere(len(history["epoch"]))
+    bn = model.layers[1]
+    assert_same_everywhere(np.concatenate([np.ravel(v) for v in bn.non_trainable_weights]))
+    assert_same_everywhere(weights_of(model))
+
+
+def test_a_stop_on_one_rank_mid_epoch_stops_every_rank_at_the_same_step(digits):
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+
+    class StopHere(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if RANK == SIZE - 1 and self.epoch == 1 and batch == 3:
+                self.model.stop_training = True  # this rank only, e.g. TerminateOnNaN on a local loss
+
+    counter = CountBatches()
+    model = mlp(6)
+    history = mk.fit(model, Xl, yl, batch_size=32, epochs=3, callbacks=[StopHere(), counter], verbose=0)
+    steps = history["steps"][0]
+    assert_same_everywhere(counter.batches)
+    # Epoch 0 complete, then batches 0..3 of epoch 1; with several ranks the stop vote rides the next
+    # step's gradient buffer, so every rank runs exactly one more step.
+    assert counter.batches == steps + 4 + (SIZE > 1)
+    assert history["epoch"] == [0, 1]
+    assert_same_everywhere(weights_of(model))
+
+
+def test_checkpoint_resume_continues_exactly(digits):
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+    folder = mpinb.on_root(lambda: tempfile.mkdtemp(prefix="mpinb-keras-ckpt-"))
+    path = os.path.join(folder, "model.keras")
+    try:
+        straight = mlp(7)
+        mk.fit(straight, Xl, yl, batch_size=64, epochs=4, seed=3, verbose=0)
+
+        first = mlp(7)
+        h1 = mk.fit(first, Xl, yl, batch_size=64, epochs=2, seed=3, checkpoint=path, verbose=0)
+        assert h1["epoch"] == [0, 1]
+        resumed = mlp(99)  # different initial weights: the checkpoint must replace them
+        h2 = mk.fit(resumed, Xl, yl, batch_size=64, epochs=4, seed=3, checkpoint=path, resume=True, verbose=0)
+        assert h2["epoch"] == [2, 3]
+        assert_same_everywhere(weights_of(resumed))
+        mine = weights_of(resumed)
+        assert_everywhere(relative_error(mine, weights_of(straight)) < 1e-6, "resumed run equals the straight run")
+
+        def load_and_flatten():
+            loaded = keras.models.load_model(path)
+            return weights_of(loaded), type(loaded.optimizer).__name__
+
+        saved, opt_name = mpinb.on_root(load_and_flatten)
+        assert opt_name == "SGD"
+        np.testing.assert_array_equal(saved, mine)  # the last epoch's checkpoint is the final state
+    finally:
+        COMM.Barrier()
+        if RANK == 0:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- the weight-averaging strategy --------------------------------------------------------------------
+
+
+def test_weights_strategy_every_step_equals_gradients_for_momentum_sgd(digits):
+    # Momentum SGD is linear in the gradients, so averaging weights and momenta after every step is
+    # the same update as averaging gradients: a sharp check that optimizer state is averaged too.
+    X, y = digits
+    Xl, yl = mpinb.shard(X[:1792], y[:1792])
+    a, b = mlp(8), mlp(8)
+    mk.fit(a, Xl, yl, batch_size=64, epochs=2, seed=2, strategy="gradients", verbose=0)
+    mk.fit(b, Xl, yl, batch_size=64, epochs=2, seed=2, strategy="weights", average_every=1, verbose=0)
+    assert_everywhere(relative_error(weights_of(b), weights_of(a)) < 1e-5, "weights strategy matches gradients")
+    assert_same_everywhere(weights_of(b))
+
+
+def test_weights_strategy_identical_after_each_average_and_accurate(digits):
+    X, y = digits
+    Xl, yl = mpinb.shard(X[:1400], y[:1400])
+    Xt, yt = mpinb.shard(X[1400:], y[1400:])
+    snapshots = []
+
+    class Snapshot(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if (batch + 1) % 4 == 0:
+                snapshots.append(float(np.sum(weights_of(self.model), dtype=np.float64)))
+
+    opt = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
+    by_weights = mlp(9, optimizer=opt())
+    mk.fit(by_weights, Xl, yl, batch_size=64, epochs=5, strategy="weights", average_every=4, seed=4,
+           callbacks=[Snapshot()], verbose=0)
+    by_gradients = mlp(9, optimizer=opt())
+    mk.fit(by_gradients, Xl, yl, batch_size=64, epochs=5, seed=4, verbose=0)
+    assert snapshots
+    assert_same_everywhere(np.array(snapshots))
+    assert_same_everywhere(weights_of(by_weights))
+    acc_w = mk.evaluate(by_weights, Xt, yt)["accuracy"]
+    acc_g = mk.evaluate(by_gradients, Xt, yt)["accuracy"]
+    assert acc_g > 0.85
+    if SIZE > 1:  # Adam is not linear in the gradients: the two schemes really differ
+        assert relative_error(weights_of(by_weights), weights_of(by_gradients)) > 1e-4
+    assert abs(acc_w - acc_g) <= 0.02, (acc_w, acc_g)
+
+
+# --- bad input: the same error on every rank, never a hang ----------------------------------------
+
+
+@pytest.mark.skipif(SIZE == 1, reason="needs ranks that can differ")
+def test_weight_shapes_differ_across_ranks(digits):
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+    model = mlp(10, hidden=32 + (RANK == SIZE - 1))
+    with raises_everywhere(mpinb.CollectiveMismatchError, match="weight shapes"):
+        mk.fit(model, Xl, yl, batch_size=32, epochs=1, verbose=0)
+
+
+def test_len_x_differs_from_len_y_on_one_rank(digits):
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+    if RANK == SIZE - 1:
+        yl = yl[:-1]
+    with raises_everywhere(ValueError, match="same number of rows"):
+        mk.fit(mlp(11), Xl, yl, batch_size=32, epochs=1, verbose=0)
+
+
+def test_empty_shard_on_one_rank(digits):
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+    if RANK == SIZE - 1:
+        Xl, yl = Xl[:0], yl[:0]
+    with raises_everywhere(ValueError, match="fewer than one per-rank batch"):
+        mk.fit(mlp(12), Xl, yl, batch_size=32, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("batch_size", [0, -4])
+def test_batch_size_below_one(digits, batch_size):
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+    with raises_everywhere(ValueError, match="batch_size must be a positive integer"):
+        mk.fit(mlp(13), Xl, yl, batch_size=batch_size, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("strategy", ["gradients", "weights"])
+def test_nan_loss_stops_every_rank_together(strategy):
+    rng = np.random.default_rng(RANK)
+    n = 64 * 4
+    Xl = rng.normal(size=(n, 8)).astype(np.float32)
+    yl = rng.normal(size=(n, 1)).astype(np.float32)
+    if RANK == SIZE - 1:
+        yl[40:] = 3e38  # finite data whose squared error overflows to inf on this rank only
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    counter = CountBatches()
+    with raises_everywhere(FloatingPointError, match="NaN or infinite") as info:
+        mk.fit(model, Xl, yl, batch_size=8 * SIZE, epochs=3, shuffle=False, callbacks=[counter], verbose=0,
+               strategy=strategy)
+    assert_same_everywhere(counter.batches)
+    assert info.value.history["epoch"] == [0]
+
+
+@pytest.mark.parametrize("strategy", ["gradients", "weights"])
+def test_interrupt_request_on_one_rank_stops_all_at_the_same_step(digits, strategy):
+    from mpinb.interrupt import StopFlag
+
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+    flag = StopFlag()
+
+    class PressCtrlC(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if RANK == SIZE - 1 and self.epoch == 1 and batch == 2:
+                flag.request()
+
+    counter = CountBatches()
+    model = mlp(14)
+    with raises_everywhere(KeyboardInterrupt, match="every rank stopped") as info:
+        mk.fit(model, Xl, yl, batch_size=32, epochs=3, strategy=strategy,
+               callbacks=[PressCtrlC(), counter, mk.StopOnInterrupt(flag)], verbose=0)
+    assert_same_everywhere(counter.batches)
+    # With a DistributedOptimizer on several ranks the vote rides the next step's gradient buffer;
+    # otherwise a small Allreduce after each step decides at once.
+    assert counter.batches == info.value.history["steps"][0] + 3 + (strategy == "gradients" and SIZE > 1)
+    assert_same_everywhere(weights_of(model))

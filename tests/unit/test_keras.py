@@ -1,0 +1,242 @@
+"""mpinb.keras in one process: the optimizer wrapper's identity, saving, XLA handling, history, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+mk = pytest.importorskip("mpinb.keras")
+
+from mpi4py import MPI  # noqa: E402
+
+from mpinb.keras._sync import epoch_batches, steps_per_epoch  # noqa: E402
+
+SELF = MPI.COMM_SELF
+LOSS = "sparse_categorical_crossentropy"
+
+
+def data(n=256, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 16)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64) + 2 * (X[:, 1] > 0)
+    return X, y
+
+
+def mlp(optimizer=None, seed=0, **compile_kwargs):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(4, activation="softmax")]
+    )
+    model.compile(optimizer=optimizer or keras.optimizers.SGD(0.1, momentum=0.9), loss=LOSS, metrics=["accuracy"],
+                  **compile_kwargs)
+    return model
+
+
+def test_import_mpinb_does_not_import_keras_or_tensorflow():
+    code = "import sys, mpinb; assert not {'keras', 'tensorflow', 'mpi4py.MPI'} & set(sys.modules), sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_public_api_is_sorted_and_lazy():
+    import mpinb
+
+    assert mk.__all__ == sorted(mk.__all__)
+    assert mpinb.keras is mk
+    for name in mk.__all__:
+        assert hasattr(mk, name)
+
+
+@pytest.mark.parametrize("make", [lambda: keras.optimizers.SGD(0.1, momentum=0.9), lambda: keras.optimizers.Adam(1e-3),
+                                  lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))],
+                         ids=["sgd", "adam", "loss_scale"])
+def test_wrapper_keeps_class_name_module_and_config(make):
+    plain = make()
+    wrapped = mk.DistributedOptimizer(plain, comm=SELF)
+    assert type(wrapped).__name__ == type(plain).__name__
+    assert type(wrapped).__module__ == type(plain).__module__
+    assert isinstance(wrapped, type(plain)) and type(wrapped) is not type(plain)
+    assert mk.is_distributed(wrapped) and not mk.is_distributed(plain)
+    assert keras.saving.serialize_keras_object(wrapped) == keras.saving.serialize_keras_object(plain)
+    assert type(mk.DistributedOptimizer(make(), comm=SELF)) is type(wrapped)  # one subclass per class
+
+
+def test_wrapper_rejects_bad_input():
+    with pytest.raises(TypeError, match="wraps a Keras 3 optimizer instance"):
+        mk.DistributedOptimizer(keras.optimizers.SGD)
+    with pytest.raises(TypeError, match="wraps a Keras 3 optimizer instance"):
+        mk.DistributedOptimizer("sgd")
+    wrapped = mk.DistributedOptimizer(keras.optimizers.SGD(0.1), comm=SELF)
+    with pytest.raises(ValueError, match="already a DistributedOptimizer"):
+        mk.DistributedOptimizer(wrapped)
+    with pytest.raises(ValueError, match="Wrap the LossScaleOptimizer, not its inner optimizer"):
+        mk.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(wrapped))
+
+
+def test_wrapping_a_built_optimizer_keeps_its_state():
+    X, y = data()
+    model = mlp(keras.optimizers.Adam(0.01))
+    model.fit(X, y, epochs=1, batch_size=32, verbose=0)
+    plain = model.optimizer
+    wrapped = mk.DistributedOptimizer(plain, comm=SELF)
+    assert wrapped.built
+    for a, b in zip(wrapped.variables, plain.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_one_rank_distributed_training_equals_plain_keras():
+    X, y = data()
+    a = mlp(keras.optimizers.Adam(0.01))
+    b = mlp(mk.DistributedOptimizer(keras.optimizers.Adam(0.01), comm=SELF))
+    a.fit(X, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    b.fit(X, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(wa, wb)
+    assert b.optimizer._mpinb_exchange.calls == 0  # one rank: the hook steps aside entirely
+
+
+def test_saved_model_loads_in_plain_keras_without_mpinb(tmp_path):
+    X, y = data()
+    model = mlp(keras.optimizers.SGD(0.1, momentum=0.9))
+    mk.fit(model, X, y, batch_size=32, epochs=2, checkpoint=tmp_path / "m.keras", verbose=0, comm=SELF)
+    assert mk.is_distributed(model.optimizer)
+    expected = model.predict(X[:8], verbose=0)
+    np.save(tmp_path / "x.npy", X[:8])
+    script = textwrap.dedent(
+        f"""
+        import sys, json, numpy as np, keras
+        m = keras.models.load_model({str(tmp_path / "m.keras")!r})
+        np.save({str(tmp_path / "pred.npy")!r}, m.predict(np.load({str(tmp_path / "x.npy")!r}), verbose=0))
+        print(json.dumps({{"cls": type(m.optimizer).__module__ + "." + type(m.optimizer).__name__,
+                          "iterations": int(m.optimizer.iterations.numpy()),
+                          "mpinb_loaded": any(k.startswith("mpinb") for k in sys.modules)}}))
+        """
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=tmp_path, check=True)
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    assert info == {"cls": "keras.src.optimizers.sgd.SGD", "iterations": 2 * (256 // 32), "mpinb_loaded": False}
+    np.testing.assert_allclose(np.load(tmp_path / "pred.npy"), expected, rtol=1e-6)
+    assert json.loads((tmp_path / "m.keras.json").read_text())["epoch"] == 1
+
+
+def test_jit_compile_is_refused_in_plain_fit_and_turned_off_by_mpinb_fit():
+    X, y = data()
+    model = mlp(mk.DistributedOptimizer(keras.optimizers.SGD(0.1), comm=SELF), jit_compile=True)
+    with pytest.raises(RuntimeError, match="Compile the model with jit_compile=False"):
+        model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+    model = mlp(keras.optimizers.SGD(0.1), jit_compile=True)
+    assert model.jit_compile
+    with pytest.warns(RuntimeWarning, match="turned jit_compile off"):
+        history = mk.fit(model, X, y, batch_size=32, epochs=1, verbose=0, comm=SELF)
+    assert model.jit_compile is False
+    assert np.isfinite(history["loss"][0])
+
+
+def test_history_structure_and_callbacks_see_global_logs():
+    X, y = data()
+    seen = []
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(dict(logs))
+
+    history = mk.fit(mlp(), X, y, batch_size=64, epochs=3, validation_data=(X[:50], y[:50]), callbacks=[Record()],
+                     verbose=0, comm=SELF)
+    json.dumps(history)  # plain Python numbers and lists only: pullable to the notebook client
+    assert history["epoch"] == [0, 1, 2]
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy", "steps"):
+        assert len(history[key]) == 3, key
+    assert np.array(history["rank_loss"]).shape == (3, 1)
+    assert np.array(history["compute_seconds"]).shape == (3, 1)
+    assert np.array(history["comm_seconds"]).shape == (3, 1)
+    assert all(c >= 0 for row in history["comm_seconds"] for c in row)
+    assert history["params"]["steps_per_epoch"] == 4 and history["params"]["per_rank_batch"] == 64
+    assert [s["val_loss"] for s in seen] == history["val_loss"]
+    assert [s["loss"] for s in seen] == history["loss"]
+
+
+def test_learning_rate_warmup_ramps_linearly():
+    X, y = data()
+    rates = []
+
+    class Watch(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            rates.append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+    model = mlp(keras.optimizers.SGD(0.4))
+    warm = mk.LearningRateWarmup(2, start_factor=0.25, comm=SELF)
+    mk.fit(model, X, y, batch_size=64, epochs=3, callbacks=[warm, Watch()], verbose=0, comm=SELF)
+    np.testing.assert_allclose(rates[0], 0.1, rtol=1e-6)
+    assert all(b > a for a, b in zip(rates[:8], rates[1:8]))
+    np.testing.assert_allclose(rates[8:], 0.4, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"batch_size": 0}, ValueError, "batch_size must be a positive integer"),
+        ({"batch_size": 2.5}, ValueError, "batch_size must be a positive integer"),
+        ({"batch_size": 32, "strategy": "both"}, ValueError, "strategy must be 'gradients' or 'weights'"),
+        ({"batch_size": 32, "average_every": 0}, ValueError, "average_every must be a positive integer"),
+        ({"batch_size": 32, "resume": True}, ValueError, "resume=True needs checkpoint"),
+        ({"batch_size": 32, "epochs": -1}, ValueError, "epochs must be a non-negative integer"),
+        ({"batch_size": 32, "callbacks": ["x"]}, TypeError, "callbacks must be keras.callbacks.Callback"),
+        ({"batch_size": 512}, ValueError, "fewer than one per-rank batch of 512"),
+    ],
+)
+def test_fit_argument_errors(kwargs, error, match):
+    X, y = data()
+    with pytest.raises(error, match=match):
+        mk.fit(mlp(), X, y, verbose=0, comm=SELF, **kwargs)
+
+
+def test_fit_data_and_model_errors():
+    X, y = data()
+    with pytest.raises(ValueError, match=r"x and y must have the same number of rows; got 256 and 255"):
+        mk.fit(mlp(), X, y[:-1], batch_size=32, comm=SELF)
+    bad = X.copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(ValueError, match="x contains NaN or infinity"):
+        mk.fit(mlp(), bad, y, batch_size=32, comm=SELF)
+    uncompiled = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
+    with pytest.raises(ValueError, match="not compiled"):
+        mk.fit(uncompiled, X, y, batch_size=32, comm=SELF)
+    with pytest.raises(ValueError, match="must not also average gradients"):
+        mk.fit(mlp(mk.DistributedOptimizer(keras.optimizers.SGD(0.1), comm=SELF)), X, y, batch_size=32,
+               strategy="weights", comm=SELF)
+    with pytest.raises(ValueError, match="must end in .keras"):
+        mk.RootCheckpoint("model.h5")
+
+
+def test_evaluate_matches_keras_and_rejects_no_rows():
+    X, y = data()
+    model = mlp()
+    model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+    ours = mk.evaluate(model, X, y, batch_size=7, comm=SELF)
+    theirs = model.evaluate(X, y, batch_size=64, verbose=0, return_dict=True)
+    assert list(ours) == sorted(theirs)
+    for k in theirs:
+        np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-6)
+    with pytest.raises(ValueError, match="no rows on any rank"):
+        mk.evaluate(model, X[:0], y[:0], comm=SELF)
+
+
+def test_epoch_batches_are_disjoint_reproducible_and_reshuffled():
+    a = epoch_batches(103, per_rank_batch=10, steps=10, epoch=0, seed=7, rank=1, shuffle=True)
+    assert a.shape == (10, 10) and len(np.unique(a)) == 100 and a.max() < 103
+    np.testing.assert_array_equal(a, epoch_batches(103, per_rank_batch=10, steps=10, epoch=0, seed=7, rank=1, shuffle=True))
+    assert not np.array_equal(a, epoch_batches(103, per_rank_batch=10, steps=10, epoch=1, seed=7, rank=1, shuffle=True))
+    assert not np.array_equal(a, epoch_batches(103, per_rank_batch=10, steps=10, epoch=0, seed=7, rank=2, shuffle=True))
+    np.testing.assert_array_equal(
+        epoch_batches(25, per_rank_batch=4, steps=3, epoch=5, seed=0, rank=0, shuffle=False), np.arange(12).reshape(3, 4)
+    )
+    assert steps_per_epoch([450, 449, 449, 449], 8) == 56
+    assert steps_per_epoch([100, 7], 8) == 0
