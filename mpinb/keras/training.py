@@ -24,6 +24,7 @@ from mpinb.keras.callbacks import (
     sync_non_trainable,
 )
 from mpinb.keras.optimizer import DistributedOptimizer, is_distributed
+from mpinb.live import Progress
 
 __all__ = ["evaluate", "fit"]
 
@@ -185,7 +186,7 @@ def fit(
 
     loop = _FitLoop(
         comm=comm, strategy=strategy, average_every=average_every, steps=steps, per_rank=per_rank,
-        validation_data=validation_data, eval_batch=max(per_rank, 32),
+        validation_data=validation_data, eval_batch=max(per_rank, 32), epochs=epochs,
     )
     stopper = next((cb for cb in user_callbacks if isinstance(cb, StopOnInterrupt)), None)
     if stopper is None:
@@ -280,8 +281,11 @@ class _FitLoop(keras.callbacks.Callback):
     logs, exact validation, timings and the history dict."""
 
     def __init__(self, *, comm: Any, strategy: str, average_every: int, steps: int, per_rank: int,
-                 validation_data: Any, eval_batch: int) -> None:
+                 validation_data: Any, eval_batch: int, epochs: int) -> None:
         super().__init__()
+        # Rank 0 publishes the global loss curve to the notebook each epoch (mpinb.live.watch draws
+        # it while the cell runs); a no-op under plain mpiexec.
+        self.progress = Progress("loss", total=epochs, comm=comm, min_interval=0.0)
         self.comm = comm
         self.strategy = strategy
         self.average_every = average_every
@@ -347,6 +351,10 @@ class _FitLoop(keras.callbacks.Callback):
         for k in sorted(logs):
             if np.ndim(logs[k]) == 0:
                 h.setdefault(k, []).append(float(logs[k]))
+        self.progress.update(int(epoch) + 1, **{k: float(logs[k]) for k in ("loss", "val_loss") if k in logs})
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self.progress.close()
 
     def _average_weights(self) -> None:
         t0 = time.perf_counter()

@@ -155,3 +155,33 @@ def cluster_processes_anywhere(tmp_path: Path) -> list[int]:
         if str(tmp_path) in text and proc.pid != os.getpid():
             pids.append(proc.pid)
     return pids
+
+
+def test_live_loss_updates_every_epoch_during_a_nonblocking_fit(cluster2) -> None:
+    """The client receives the global loss of every epoch while the training cell still runs."""
+    from mpinb.live import watch
+
+    cluster2.view.execute(
+        "import time, numpy as np, keras, mpinb, mpinb.keras\n"
+        "from mpinb.data import make_classification\n"
+        "X, y = make_classification(512, n_features=8, random_state=0)\n"
+        "keras.utils.set_random_seed(0)\n"
+        "model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation='relu'), keras.layers.Dense(2, activation='softmax')])\n"
+        "model.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
+        "class Slow(keras.callbacks.Callback):\n"
+        "    def on_epoch_end(self, epoch, logs=None):\n"
+        "        time.sleep(0.4)  # long enough epochs that the client polls inside each one\n"
+    )
+    epochs = 5
+    ar = cluster2.view.execute(
+        f"history = mpinb.keras.fit(model, X, y, batch_size=64, epochs={epochs}, callbacks=[Slow()], verbose=0)",
+        block=False,
+    )
+    seen = watch(ar, interval=0.05, display=False)
+    steps = [step for _, step in seen.redraws]
+    assert sorted(set(steps)) == list(range(1, epochs + 1))  # every epoch seen (the last twice: done)
+    # Updates arrived while the cell ran, not all at the end.
+    assert seen.redraws[0][0] < seen.redraws[-1][0] - 1.0
+    history = cluster2.pull_root("history")
+    assert seen.progress["series"]["loss"] == pytest.approx(history["loss"], rel=1e-12)
+    assert seen.progress["done"] is True

@@ -81,3 +81,19 @@ def test_01_mpi_engines() -> None:
     assert got["stuck_ranks"] == [1]
     assert got["healthy_after_restart"] is True
     assert not errors(got["_notebook"])
+
+
+def test_03_sharded_keras() -> None:
+    epochs = 12
+    got = run_notebook(
+        "03_sharded_keras.ipynb",
+        {"n_engines": 2, "epochs": epochs, "global_batch": 64},
+        ["test_accuracy", "weights_accuracy", "live_epochs", "weights_identical", "reload_accuracy",
+         "checkpoint_accuracy", "naive"],
+    )
+    assert got["test_accuracy"] > 0.9
+    assert abs(got["weights_accuracy"] - got["test_accuracy"]) < 0.05
+    assert got["live_epochs"] == epochs
+    assert got["weights_identical"] is True
+    assert got["reload_accuracy"] == pytest.approx(got["checkpoint_accuracy"], abs=1e-6)
+    assert figures(got["_notebook"]) >= 2 and not errors(got["_notebook"])
