@@ -1,0 +1,237 @@
+"""Per-iteration time of mpinb.KMeans at 1, 2 and 4 ranks against scikit-learn's Lloyd k-means.
+
+``python benchmarks/kmeans.py`` (a few minutes on 2 cores) writes ``benchmarks/results/kmeans.json``:
+N=1,000,000 x 16, k=16, float64 and float32, the same fixed initial centres, 20 iterations, tol=0.
+scikit-learn runs in this process with 1 and 2 OpenMP threads; mpinb runs under ``mpiexec`` with
+one BLAS thread per rank. Runs are interleaved (sklearn-1, mpinb-1, sklearn-2, mpinb-2, mpinb-4)
+and repeated; the JSON holds medians, the GEMM bound (one ``X @ C.T`` per iteration, 1 thread)
+measured in the same run, the agreement with scikit-learn and the memory mpinb adds at k=64.
+Options: ``--n``, ``--repeats``, ``--quick`` (N=200,000, 2 repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+D, K, ITERATIONS, SEED, BLOCK = 16, 16, 20, 1234, 1 << 16
+
+
+def make_rows(lo: int, hi: int, dtype: str) -> np.ndarray:
+    """Rows [lo, hi) of the benchmark data, generated in fixed blocks so every split of the rows
+    over ranks sees the same numbers: 16 overlapping Gaussian clusters."""
+    out = np.empty((hi - lo, D), dtype=dtype)
+    centres = np.random.default_rng(SEED).normal(scale=3.0, size=(K, D))
+    for b in range(lo // BLOCK, (hi - 1) // BLOCK + 1 if hi > lo else 0):
+        rng = np.random.default_rng([SEED, b])
+        start = b * BLOCK
+        block = rng.standard_normal((BLOCK, D)) * 2.0 + centres[rng.integers(0, K, BLOCK)]
+        s, e = max(lo, start), min(hi, start + BLOCK)
+        out[s - lo : e - lo] = block[s - start : e - start]
+    return out
+
+
+def initial_centres(n: int) -> np.ndarray:
+    idx = np.random.default_rng(SEED + 1).choice(n, K, replace=False)
+    return np.stack([make_rows(int(i), int(i) + 1, "float64")[0] for i in idx])
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker: runs under mpiexec
+
+
+def worker(config: dict) -> None:
+    from mpi4py import MPI
+
+    import mpinb
+
+    comm = MPI.COMM_WORLD
+    mpinb.limit_threads(1)
+    lo, hi = mpinb.shard_bounds(config["n"], rank=comm.rank, size=comm.size)
+    X = make_rows(lo, hi, config["dtype"])
+    init = np.array(config["init"])
+    mpinb.KMeans(K, init=init, max_iter=2, tol=0).fit(X)  # warm-up: imports, page faults
+    stamps: list[float] = []
+    km = mpinb.KMeans(K, init=init, max_iter=ITERATIONS, tol=0)
+    km._on_iteration = lambda info: stamps.append(time.perf_counter())
+    comm.Barrier()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    km.fit(X)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    cpus = comm.gather(cpu, root=0)
+    walls = comm.gather(wall, root=0)
+    labels = mpinb.gather_rows(km.labels_, root=0)
+    if comm.rank == 0:
+        loop = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+        np.savez(config["out"], centres=km.cluster_centers_, labels=labels)
+        result = {
+            "wall_ms_per_iter": 1e3 * max(walls) / km.n_iter_,
+            "cpu_ms_per_iter_per_rank": 1e3 * statistics.mean(cpus) / km.n_iter_,
+            "loop_wall_ms_per_iter": 1e3 * loop,
+            "n_iter": km.n_iter_,
+            "inertia": km.inertia_,
+        }
+        Path(config["out"] + ".json").write_text(json.dumps(result))
+
+
+def memory_worker(config: dict) -> None:
+    """Peak memory mpinb adds while fitting N x 16 with k=64 (tracemalloc sees NumPy's buffers)."""
+    import tracemalloc
+
+    from mpi4py import MPI
+
+    import mpinb
+
+    X = make_rows(0, config["n"], "float64")
+    out = {}
+    for init in ("k-means++", "k-means||", "random"):
+        mpinb.KMeans(3, init=init, n_init=2, comm=MPI.COMM_SELF).fit(X[:100])  # imports are traced: warm up
+    for init in ("array", "k-means++", "k-means||"):
+        start = X[:64].copy() if init == "array" else init
+        tracemalloc.start()
+        mpinb.KMeans(64, init=start, max_iter=10, n_init=1, comm=MPI.COMM_SELF).fit(X)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        out[init] = {"peak_mib": peak / 2**20, "fraction_of_X": peak / X.nbytes}
+    Path(config["out"]).write_text(json.dumps(out))
+
+
+# ----------------------------------------------------------------------------------------------
+# Driver
+
+
+def run_workers(ranks: int, config: dict, tmp: Path, tag: str) -> dict:
+    from mpinb.launch import run_mpi
+
+    out = str(tmp / tag)
+    cfg = dict(config, out=out)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               MPIR_CVAR_ENABLE_HEAVY_YIELD="1", MPIR_CVAR_POLLS_BEFORE_YIELD="1")
+    proc = run_mpi(ranks, [__file__, "--worker", json.dumps(cfg)], timeout=600, env=env, capture=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"mpinb worker at {ranks} ranks failed:\n{proc.stdout}")
+    result = json.loads(Path(out + ".json").read_text())
+    saved = np.load(out + ".npz")
+    result["centres"], result["labels"] = saved["centres"], saved["labels"]
+    return result
+
+
+def sklearn_fit(X: np.ndarray, init: np.ndarray, threads: int) -> dict:
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=threads):
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        km = KMeans(K, init=init.astype(X.dtype), n_init=1, max_iter=ITERATIONS, tol=0, algorithm="lloyd").fit(X)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return {
+        "wall_ms_per_iter": 1e3 * wall / km.n_iter_,
+        "cpu_ms_per_iter": 1e3 * cpu / km.n_iter_,
+        "n_iter": km.n_iter_,
+        "inertia": km.inertia_,
+        "centres": km.cluster_centers_,
+        "labels": km.labels_,
+    }
+
+
+def gemm_bound(X: np.ndarray, init: np.ndarray) -> float:
+    from threadpoolctl import threadpool_limits
+
+    C = np.ascontiguousarray(init.T, dtype=X.dtype)
+    out = np.empty((X.shape[0], K), dtype=X.dtype)
+    times = []
+    with threadpool_limits(limits=1):
+        for _ in range(3):
+            t0 = time.perf_counter()
+            np.dot(X, C, out=out)
+            times.append(time.perf_counter() - t0)
+    return 1e3 * min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--worker")
+    parser.add_argument("--memory-worker")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "kmeans.json"))
+    args = parser.parse_args()
+    if args.worker:
+        return worker(json.loads(args.worker))
+    if args.memory_worker:
+        return memory_worker(json.loads(args.memory_worker))
+    if args.quick:
+        args.n, args.repeats = 200_000, 2
+
+    from mpinb.launch import run_mpi
+
+    init = initial_centres(args.n)
+    report: dict = {
+        "setup": {"n": args.n, "d": D, "k": K, "iterations": ITERATIONS, "tol": 0, "repeats": args.repeats,
+                  "cores": len(os.sched_getaffinity(0)), "init": "same fixed centres for every run"},
+        "results": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="mpinb-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        for dtype in ("float64", "float32"):
+            X = make_rows(0, args.n, dtype)
+            config = {"n": args.n, "dtype": dtype, "init": init.tolist()}
+            runs: dict[str, list[dict]] = {}
+            gemm: list[float] = []
+            for r in range(args.repeats):
+                print(f"[bench] {dtype} repeat {r + 1}/{args.repeats}", flush=True)
+                gemm.append(gemm_bound(X, init))
+                runs.setdefault("sklearn-1thread", []).append(sklearn_fit(X, init, 1))
+                runs.setdefault("mpinb-1rank", []).append(run_workers(1, config, tmp, f"{dtype}-1-{r}"))
+                runs.setdefault("sklearn-2threads", []).append(sklearn_fit(X, init, 2))
+                runs.setdefault("mpinb-2ranks", []).append(run_workers(2, config, tmp, f"{dtype}-2-{r}"))
+                runs.setdefault("mpinb-4ranks", []).append(run_workers(4, config, tmp, f"{dtype}-4-{r}"))
+            reference = runs["sklearn-1thread"][0]
+            summary: dict = {"gemm_bound_ms_per_iter_1thread": statistics.median(gemm)}
+            for name, results in runs.items():
+                entry = {key: statistics.median(res[key] for res in results)
+                         for key in results[0] if key.endswith("per_iter") or key.endswith("per_rank")}
+                entry["n_iter"] = results[0]["n_iter"]
+                if name.startswith("mpinb"):
+                    centres, labels = results[0]["centres"], results[0]["labels"]
+                    scale = np.abs(reference["centres"]).max()
+                    entry["agreement_with_sklearn_1thread"] = {
+                        "max_centre_difference_relative": float(np.abs(centres - reference["centres"]).max() / scale),
+                        "label_mismatches": int(np.count_nonzero(labels != reference["labels"])),
+                        "inertia_relative_difference": abs(results[0]["inertia"] - reference["inertia"]) / reference["inertia"],
+                        "same_n_iter": results[0]["n_iter"] == reference["n_iter"],
+                    }
+                summary[name] = entry
+            for ours, theirs in (("mpinb-1rank", "sklearn-1thread"), ("mpinb-2ranks", "sklearn-2threads")):
+                summary[f"ratio_{ours}_vs_{theirs}_wall"] = summary[ours]["wall_ms_per_iter"] / summary[theirs]["wall_ms_per_iter"]
+            summary["ratio_mpinb-1rank_vs_gemm_bound"] = summary["mpinb-1rank"]["wall_ms_per_iter"] / summary["gemm_bound_ms_per_iter_1thread"]
+            report["results"][dtype] = summary
+            del X
+        print("[bench] memory at k=64", flush=True)
+        mem_out = tmp / "memory.json"
+        n_mem = args.n
+        proc = run_mpi(1, [__file__, "--memory-worker", json.dumps({"n": n_mem, "out": str(mem_out)})],
+                       timeout=600, capture=True)
+        if proc.returncode == 0:
+            report["memory_k64"] = {"n": n_mem, "d": D, "X_mib": n_mem * D * 8 / 2**20, **json.loads(mem_out.read_text())}
+        else:
+            report["memory_k64"] = {"error": proc.stdout[-2000:]}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

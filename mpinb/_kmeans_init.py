@@ -1,0 +1,305 @@
+"""Initial centres for distributed k-means: k-means++, k-means|| and random, by global row index."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from mpinb.interrupt import StopFlag
+from mpinb.kmeans import _SUM_ELEMENTS, _BLOCK_ELEMENTS, _chunks, _lloyd, _Shard, _sq_distances
+
+__all__ = ["initial_centers", "resolve_random_state"]
+
+# k-means||: candidates drawn per round (times n_clusters) and rounds, as in Bahmani et al. (2012).
+_OVERSAMPLING = 2.0
+_ROUNDS = 5
+_RECLUSTER_MAX_ITER = 100
+
+
+def resolve_random_state(random_state: Any, comm: Any) -> np.random.RandomState:
+    """The generator every rank draws from in step: seeded identically on all ranks.
+
+    Collective only for ``None`` (rank 0 draws a fresh seed and shares it).
+    """
+    if isinstance(random_state, np.random.RandomState):
+        return random_state
+    if random_state is None:
+        seed = int(np.random.default_rng().integers(2**32)) if comm.Get_rank() == 0 else None
+        return np.random.RandomState(comm.bcast(seed, root=0))
+    return np.random.RandomState(int(random_state))
+
+
+def initial_centers(
+    data: _Shard, init: Any, k: int, rng: np.random.RandomState, stop: StopFlag | None
+) -> np.ndarray:
+    """Centred initial centres (k, n_features), identical on every rank. Collective."""
+    if not isinstance(init, str):
+        return np.asarray(init, dtype=data.out_dtype).astype(np.float64) - data.mean
+    if init == "k-means++":
+        return kmeans_plusplus(data, k, rng, stop)
+    if init == "random":
+        return _random_rows(data, k, rng)
+    return _kmeans_parallel(data, k, rng, stop)
+
+
+def kmeans_plusplus(data: _Shard, k: int, rng: np.random.RandomState, stop: StopFlag | None) -> np.ndarray:
+    """scikit-learn's greedy k-means++ (``2 + log k`` trials per centre) over distributed rows.
+
+    Every rank draws the same random numbers, in the same order as scikit-learn; each draw is a
+    position on the global cumulative sum of ``weight * distance^2`` in rank order, resolved by
+    the rank that holds it. Per centre: one Allreduce for the candidate rows, one allgather of each
+    rank's potential per candidate (and the stop flag), and two passes over the shard.
+    """
+    d = data.X.shape[1]
+    trials = 2 + int(np.log(k))
+    centers = np.empty((k, d))
+    first, _ = _pick(data, _weights_of(data), data.weight_sums, np.array([rng.random_sample() * data.weight_sums.sum()]), "right")
+    centers[0] = first[0]
+    closest = np.empty(data.n_local)
+
+    def start(s: int, e: int, dist: np.ndarray) -> None:
+        closest[s:e] = dist[0]
+
+    _min_distances(data, centers[:1], start)
+    rank_pots = _gather_pots(data, np.array([_weighted_sum(data, closest)]), stop)[:, 0]
+    current = rank_pots.sum()
+    for c in range(1, k):
+        thresholds = rng.uniform(size=trials) * current
+        candidates, _ = _pick(data, _weighted_values(data, closest), rank_pots, thresholds, "left")
+        pots = np.zeros(trials)
+
+        def accumulate(s: int, e: int, dist: np.ndarray) -> None:
+            np.minimum(dist, closest[s:e], out=dist)
+            pots[:] += dist @ data.weight_slice(s, e)
+
+        _min_distances(data, candidates, accumulate)
+        table = _gather_pots(data, pots, stop)
+        totals = table.sum(axis=0)
+        best = int(np.argmin(totals))
+        current, rank_pots = totals[best], table[:, best]
+        centers[c] = candidates[best]
+        if c < k - 1:
+            _min_distances(data, centers[c : c + 1], lambda s, e, dist: np.minimum(closest[s:e], dist[0], out=closest[s:e]))
+    return centers
+
+
+def _random_rows(data: _Shard, k: int, rng: np.random.RandomState) -> np.ndarray:
+    """``RandomState.choice(n, k, replace=False, p=w / w.sum())`` over distributed rows.
+
+    The same rounds as NumPy: draw the missing number of points, drop repeats, zero the weight of
+    the points found, repeat. One Allreduce per round.
+    """
+    d = data.X.shape[1]
+    found_rows = np.empty((0, d))
+    found_idx = np.empty(0, dtype=np.int64)
+    found_w = np.empty(0)
+    ends = np.cumsum(data.counts)
+    while found_idx.size < k:
+        draws = rng.rand(k - found_idx.size)
+        owners = np.searchsorted(ends, found_idx, side="right")
+        totals = data.weight_sums - np.bincount(owners, weights=found_w, minlength=data.size)
+        local = found_idx[(found_idx >= data.offset) & (found_idx < data.offset + data.n_local)] - data.offset
+
+        def values(s: int, e: int) -> np.ndarray:
+            w = data.weight_slice(s, e).copy()
+            hit = local[(local >= s) & (local < e)]
+            w[hit - s] = 0.0
+            return w
+
+        rows, extra = _pick(data, values, totals, draws * totals.sum(), "right")
+        new = extra[:, 0].astype(np.int64)
+        _, first = np.unique(new, return_index=True)
+        first.sort()
+        found_rows = np.concatenate([found_rows, rows[first]])
+        found_idx = np.concatenate([found_idx, new[first]])
+        found_w = np.concatenate([found_w, extra[first, 1]])
+    return found_rows
+
+
+def _kmeans_parallel(data: _Shard, k: int, rng: np.random.RandomState, stop: StopFlag | None) -> np.ndarray:
+    """k-means|| (Bahmani et al.): ``2k`` expected candidates per round for 5 rounds, weighted by
+    the points closest to each, then reclustered on rank 0 by weighted k-means++ and Lloyd.
+
+    A row is kept in a round when a uniform number keyed by (round, *global* row index) falls
+    below ``2k * w * d^2 / phi``, so the candidates -- and the result -- do not depend on how
+    the rows are split over ranks.
+    """
+    from mpi4py import MPI
+
+    from mpinb.comm import gather_rows, on_root
+
+    d = data.X.shape[1]
+    first, _ = _pick(data, _weights_of(data), data.weight_sums, np.array([rng.random_sample() * data.weight_sums.sum()]), "right")
+    candidates = first
+    # Squared distances only steer the sampling and the candidate weights, so float32 halves the
+    # memory at no cost in quality -- unless the data are so large that they would overflow it.
+    small = 4.0 * (data.max_sq_norm + float(data.mean @ data.mean)) < 1e37
+    closest = np.full(data.n_local, np.inf, dtype=np.float32 if small else np.float64)
+    nearest = np.zeros(data.n_local, dtype=np.int32)
+    _update_nearest(data, candidates, 0, closest, nearest)
+    for _ in range(_ROUNDS):
+        phi = np.array([_weighted_sum(data, closest), 0.0 if stop is None else stop.value])
+        data.comm.Allreduce(MPI.IN_PLACE, phi, op=MPI.SUM)
+        if phi[1] > 0:
+            assert stop is not None
+            stop.raise_interrupt("mpinb.KMeans.fit (k-means|| initialisation)")
+        if phi[0] <= 0:
+            break
+        key = int(rng.randint(0, 2**62, dtype=np.int64))
+        picked = []
+        for s, e in _chunks(data.n_local, max(256, _SUM_ELEMENTS // max(d, 1))):
+            u = _uniform_by_index(key, data.offset + s, data.offset + e)
+            keep = np.flatnonzero(u * phi[0] < _OVERSAMPLING * k * data.weight_slice(s, e) * closest[s:e])
+            if keep.size:
+                rows = np.empty((keep.size, d + 1))
+                np.subtract(data.X[s + keep], data.mean, out=rows[:, :d], dtype=np.float64)
+                rows[:, d] = data.offset + s + keep
+                picked.append(rows)
+        mine = np.concatenate(picked) if picked else np.empty((0, d + 1))
+        new = gather_rows(mine, root=None, comm=data.comm)[:, :d]
+        if new.shape[0]:
+            _update_nearest(data, new, candidates.shape[0], closest, nearest)
+            candidates = np.concatenate([candidates, new])
+    weights = np.zeros(candidates.shape[0])
+    for s, e in _chunks(data.n_local, _SUM_ELEMENTS):
+        w = None if data.weights is None else data.weights[s:e]
+        weights += np.bincount(nearest[s:e], weights=w, minlength=candidates.shape[0])
+    data.comm.Allreduce(MPI.IN_PLACE, weights, op=MPI.SUM)
+    seed = int(rng.randint(0, 2**31 - 1))
+    return on_root(_recluster, candidates, weights, k, seed, comm=data.comm)
+
+
+def _recluster(candidates: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Weighted k-means++ then Lloyd over the k-means|| candidates, on one process."""
+    from mpi4py import MPI
+
+    sub = _Shard.build(
+        candidates,
+        weights,
+        candidates.sum(axis=0),
+        n_clusters=min(k, candidates.shape[0]),
+        init="k-means++",
+        tol=1e-4,
+        comm=MPI.COMM_SELF,
+    )
+    start = kmeans_plusplus(sub, k, np.random.RandomState(seed), None)
+    if candidates.shape[0] > k:
+        start = _lloyd(sub, start, _RECLUSTER_MAX_ITER, sub.tol, None).centers
+    # Back to the coordinates of the candidates (centred on the full data's mean).
+    return start + sub.mean
+
+
+# ----------------------------------------------------------------------------------------------
+# Distributed sampling by cumulative sums
+
+
+def _pick(
+    data: _Shard,
+    values: Callable[[int, int], np.ndarray],
+    rank_totals: np.ndarray,
+    thresholds: np.ndarray,
+    side: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows at positions ``thresholds`` of the global cumulative sum of ``values`` in rank order.
+
+    Collective (one Allreduce). ``side`` follows ``np.searchsorted``; positions past the end
+    take the last row, as scikit-learn clips. Returns the centred rows (m, n_features) and, per
+    row, its global index and weight (m, 2).
+    """
+    from mpi4py import MPI
+
+    d = data.X.shape[1]
+    m = thresholds.size
+    ends = np.cumsum(rank_totals)
+    starts = ends - rank_totals
+    with_rows = np.flatnonzero(data.counts > 0)
+    past = ends[with_rows] >= thresholds[:, None] if side == "left" else ends[with_rows] > thresholds[:, None]
+    owner = np.where(past.any(axis=1), with_rows[np.argmax(past, axis=1)], with_rows[-1])
+    out = np.zeros((m, d + 2))
+    mine = np.flatnonzero(owner == data.rank)
+    if mine.size:
+        order = mine[np.argsort(thresholds[mine], kind="stable")]
+        local = np.full(order.size, data.n_local - 1, dtype=np.int64)
+        running = starts[data.rank]
+        pos = 0
+        for s, e in _chunks(data.n_local, 1 << 16):
+            # Prepending the running total makes the chunked cumsum the same sequential sum as
+            # one np.cumsum over all rows.
+            cum = np.cumsum(np.concatenate(([running], values(s, e))))[1:]
+            at = np.searchsorted(cum, thresholds[order[pos:]], side=side)
+            hit = at < cum.size
+            count = int(np.argmin(hit)) if not hit.all() else hit.size
+            local[pos : pos + count] = s + at[:count]
+            pos += count
+            running = cum[-1]
+            if pos == order.size:
+                break
+        out[order, :d] = np.subtract(data.X[local], data.mean, dtype=np.float64)
+        out[order, d] = data.offset + local
+        out[order, d + 1] = data.weight_slice(0, data.n_local)[local] if data.weights is not None else 1.0
+    data.comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
+    return out[:, :d], out[:, d:]
+
+
+def _weights_of(data: _Shard) -> Callable[[int, int], np.ndarray]:
+    return data.weight_slice
+
+
+def _weighted_values(data: _Shard, closest: np.ndarray) -> Callable[[int, int], np.ndarray]:
+    if data.weights is None:
+        return lambda s, e: closest[s:e]
+    return lambda s, e: data.weights[s:e] * closest[s:e]
+
+
+def _weighted_sum(data: _Shard, closest: np.ndarray) -> float:
+    if data.weights is None:
+        return float(closest.sum(dtype=np.float64))
+    total = 0.0
+    for s, e in _chunks(data.n_local, _SUM_ELEMENTS):
+        total += float(closest[s:e] @ data.weights[s:e])
+    return total
+
+
+def _gather_pots(data: _Shard, pots: np.ndarray, stop: StopFlag | None) -> np.ndarray:
+    """Each rank's potentials (size, len(pots)); the stop flag rides along in the same allgather."""
+    flag = 0.0 if stop is None else stop.value
+    rows = data.comm.allgather(np.append(pots, flag))
+    table = np.array(rows)
+    if table[:, -1].max() > 0:
+        assert stop is not None
+        stop.raise_interrupt("mpinb.KMeans.fit (k-means++ initialisation)")
+    return table[:, :-1]
+
+
+def _min_distances(data: _Shard, points: np.ndarray, visit: Callable[[int, int, np.ndarray], None]) -> None:
+    """Call ``visit(s, e, dist)`` with the squared distances (len(points), e - s) of each chunk."""
+    d = data.X.shape[1]
+    step = max(256, min(_SUM_ELEMENTS // max(d, 1), _BLOCK_ELEMENTS // max(points.shape[0], 1)))
+    for s, e in _chunks(data.n_local, step):
+        xc = np.subtract(data.X[s:e], data.mean, dtype=np.float64)
+        visit(s, e, _sq_distances(xc, points))
+
+
+def _update_nearest(
+    data: _Shard, points: np.ndarray, first: int, closest: np.ndarray, nearest: np.ndarray
+) -> None:
+    def visit(s: int, e: int, dist: np.ndarray) -> None:
+        best = dist.argmin(axis=0)
+        value = dist[best, np.arange(e - s)]
+        better = value < closest[s:e]
+        closest[s:e][better] = value[better]
+        nearest[s:e][better] = first + best[better]
+
+    _min_distances(data, points, visit)
+
+
+def _uniform_by_index(key: int, start: int, stop: int) -> np.ndarray:
+    """Uniform numbers in [0, 1) for global rows [start, stop): SplitMix64 of (key, row index)."""
+    z = np.arange(start, stop, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(key)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))

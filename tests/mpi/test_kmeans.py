@@ -1,0 +1,262 @@
+"""mpinb.KMeans under mpiexec at 1-4 ranks: agreement with scikit-learn, independence of the number
+of ranks, collective errors, empty shards, interrupts and the one-Allreduce-per-iteration rule."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
+from sklearn.cluster import KMeans as SkKMeans
+from sklearn.datasets import load_digits, load_iris, make_blobs
+
+import mpinb
+from mpinb import CollectiveMismatchError, KMeans
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+
+
+def local(*arrays: np.ndarray) -> Any:
+    """This rank's slice of arrays that every rank generated identically."""
+    lo, hi = mpinb.shard_bounds(len(arrays[0]), rank=RANK, size=SIZE)
+    pieces = tuple(a[lo:hi] for a in arrays)
+    return pieces[0] if len(pieces) == 1 else pieces
+
+
+def blobs(per_rank: int = 600, d: int = 5, centers: int = 6, std: float = 3.0, seed: int = 0) -> np.ndarray:
+    return make_blobs(per_rank * SIZE, d, centers=centers, cluster_std=std, random_state=seed)[0]
+
+
+def forced_empty() -> tuple[np.ndarray, np.ndarray]:
+    X = blobs(500, 4, 5, 2.0, seed=3)
+    init = X[:5].copy()
+    init[4] = init[3]  # the duplicate gets no point in the first iteration
+    return X, init
+
+
+CASES = {
+    "iris": lambda: (load_iris().data, load_iris().data[:3].copy()),
+    "digits": lambda: (load_digits().data, load_digits().data[:10].copy()),
+    "blobs": lambda: (blobs(), blobs()[:6].copy()),
+    "empty-cluster": forced_empty,
+}
+
+
+def assert_matches(ours: KMeans, ref: Any, X: np.ndarray, rtol: float = 1e-10) -> None:
+    """``ours`` (fitted on this rank's shard) equals ``ref`` (fitted on all of X), on every rank."""
+    scale = np.abs(ref.cluster_centers_).max()
+    assert_everywhere(np.abs(ours.cluster_centers_ - ref.cluster_centers_).max() <= rtol * scale, "centres")
+    assert_everywhere(np.array_equal(ours.labels_, local(ref.labels_)), "labels")
+    assert_everywhere(ours.n_iter_ == ref.n_iter_, f"n_iter {ours.n_iter_} vs {ref.n_iter_}")
+    assert_everywhere(abs(ours.inertia_ - ref.inertia_) <= rtol * ref.inertia_, "inertia")
+    # Everything but labels_ is identical on every rank, bit for bit.
+    assert_same_everywhere(ours.cluster_centers_)
+    assert_same_everywhere(ours.inertia_)
+    assert_same_everywhere(ours.n_iter_)
+    assert_same_everywhere(ours.inertia_history_)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_sklearn_from_same_init(case):
+    X, init = CASES[case]()
+    k = init.shape[0]
+    ref = SkKMeans(k, init=init, n_init=1, algorithm="lloyd").fit(X)
+    ours = KMeans(k, init=init).fit(local(X))
+    assert_matches(ours, ref, X)
+
+
+def test_sample_weight_matches_sklearn():
+    X = blobs()
+    w = np.random.default_rng(1).uniform(0, 2, len(X))
+    ref = SkKMeans(6, init=X[:6], n_init=1, algorithm="lloyd").fit(X, sample_weight=w)
+    ours = KMeans(6, init=X[:6]).fit(local(X), sample_weight=local(w))
+    assert_matches(ours, ref, X)
+
+
+@pytest.mark.parametrize("init", ["k-means++", "k-means||", "random"])
+def test_same_random_state_same_result_at_any_number_of_ranks(init):
+    X = blobs(400, 4, 8, 2.5, seed=5)
+    ref = KMeans(8, init=init, n_init=2, random_state=7, comm=MPI.COMM_SELF).fit(X)
+    ours = KMeans(8, init=init, n_init=2, random_state=7).fit(local(X))
+    assert_matches(ours, ref, X)
+
+
+def test_kmeans_plusplus_matches_sklearn_seeding():
+    X = blobs(400, 4, 8, 2.5, seed=6)
+    ref = SkKMeans(8, init="k-means++", random_state=3, algorithm="lloyd").fit(X)
+    ours = KMeans(8, init="k-means++", random_state=3).fit(local(X))
+    assert_matches(ours, ref, X)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_empty_shard_on_one_rank():
+    X = blobs()
+    lo, hi = mpinb.shard_bounds(len(X), rank=RANK, size=SIZE - 1) if RANK < SIZE - 1 else (0, 0)
+    ref = KMeans(6, random_state=2, comm=MPI.COMM_SELF).fit(X)
+    ours = KMeans(6, random_state=2).fit(X[lo:hi])
+    assert_everywhere(np.abs(ours.cluster_centers_ - ref.cluster_centers_).max() <= 1e-10 * np.abs(X).max())
+    assert_everywhere(np.array_equal(ours.labels_, ref.labels_[lo:hi]), "labels")
+    assert_everywhere(ours.labels_.shape == (hi - lo,))
+    assert_same_everywhere(ours.inertia_)
+    assert_everywhere(abs(ours.inertia_ - ref.inertia_) <= 1e-10 * ref.inertia_)
+
+
+def test_float32_shards():
+    X = blobs(800, 6, 6, 2.0, seed=8).astype(np.float32)
+    ref = KMeans(6, init=X[:6], comm=MPI.COMM_SELF).fit(X)
+    ours = KMeans(6, init=X[:6]).fit(local(X))
+    assert_everywhere(ours.cluster_centers_.dtype == np.float32)
+    assert_everywhere(np.abs(ours.cluster_centers_ - ref.cluster_centers_).max() <= 1e-5)
+    assert_everywhere((ours.labels_ != local(ref.labels_)).mean() <= 1e-3)
+
+
+def test_score_is_collective_and_predict_local():
+    X = blobs()
+    km = KMeans(6, random_state=0).fit(local(X))
+    score = km.score(local(X))
+    assert_same_everywhere(score)
+    assert_everywhere(score == pytest.approx(-km.inertia_, rel=1e-12), "score")
+    assert_everywhere(np.array_equal(km.predict(local(X)), km.labels_), "predict")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: the same error on every rank, and the communicator still works
+
+
+def last_rank_gets(bad: Any, good: Any) -> Any:
+    return bad if RANK == SIZE - 1 else good
+
+
+def test_nan_on_one_rank():
+    X = local(blobs()).copy()
+    if RANK == SIZE - 1:
+        X[2, 1] = np.nan
+    with raises_everywhere(ValueError, match=r"X_local contains NaN \(first at local row 2\)"):
+        KMeans(3).fit(X)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_different_n_features():
+    X = local(blobs(d=5))
+    X = last_rank_gets(np.hstack([X, X[:, :1]]), X)
+    with raises_everywhere(CollectiveMismatchError, match=r"the number of features \(columns of X_local\) must be the same on every rank"):
+        KMeans(3, init="random").fit(X)
+
+
+def test_fewer_samples_than_clusters():
+    with raises_everywhere(ValueError, match=rf"n_clusters must be <= the total number of samples \({SIZE} "):
+        KMeans(SIZE + 1).fit(np.ones((1, 3)) * RANK)
+
+
+def test_n_clusters_not_positive():
+    with raises_everywhere(ValueError, match=r"n_clusters must be a positive integer; got 0"):
+        KMeans(0).fit(local(blobs()))
+
+
+def test_init_array_of_wrong_shape_on_one_rank():
+    X = blobs()
+    init = last_rank_gets(X[:4], X[:3])
+    with raises_everywhere(ValueError, match=r"init has shape \(4, 5\), but it must be \(n_clusters, n_features\) = \(3, 5\)"):
+        KMeans(3, init=init).fit(local(X))
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_init_arrays_differ_between_ranks():
+    X = blobs()
+    with raises_everywhere(CollectiveMismatchError, match="the KMeans configuration must be the same on every rank"):
+        KMeans(3, init=X[:3] + (RANK == SIZE - 1)).fit(local(X))
+
+
+def test_negative_sample_weight_on_one_rank():
+    X = local(blobs())
+    w = np.ones(len(X))
+    w[0] = last_rank_gets(-2.0, 1.0)
+    with raises_everywhere(ValueError, match=r"sample_weight must be finite and non-negative; got a minimum of -2\.0"):
+        KMeans(3).fit(X, sample_weight=w)
+
+
+def test_sample_weight_length_mismatch_on_one_rank():
+    X = local(blobs())
+    w = np.ones(len(X) - (RANK == SIZE - 1))
+    with raises_everywhere(ValueError, match=r"sample_weight has shape .* but X_local has \d+ rows"):
+        KMeans(3).fit(X, sample_weight=w)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+@pytest.mark.parametrize("param", ["n_clusters", "random_state", "tol"])
+def test_different_hyper_parameters(param):
+    values = {"n_clusters": (5, 6), "random_state": (0, 1), "tol": (1e-4, 1e-3)}[param]
+    kwargs = {"n_clusters": 5, param: last_rank_gets(values[1], values[0])}
+    with raises_everywhere(CollectiveMismatchError, match=rf"the KMeans configuration must be the same on every rank.*{param}"):
+        KMeans(**kwargs).fit(local(blobs()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Interrupts and communication per iteration
+
+
+def hard_data() -> np.ndarray:
+    """Uniform noise: Lloyd keeps moving for many iterations."""
+    return np.random.default_rng(4).uniform(size=(500 * SIZE, 4))
+
+
+@pytest.mark.parametrize("how", ["sigint", "request"])
+def test_interrupt_stops_every_rank_at_the_same_iteration(how):
+    X = hard_data()
+    km = KMeans(20, init=X[:20], max_iter=100, tol=0)
+    previous = signal.getsignal(signal.SIGINT)
+
+    def hook(info):
+        if info["iteration"] == 3 and RANK == SIZE - 1:
+            if how == "sigint":
+                signal.raise_signal(signal.SIGINT)
+            else:
+                info["stop"].request()
+
+    km._on_iteration = hook
+    with raises_everywhere(KeyboardInterrupt, match=r"iteration 4\)"):
+        km.fit(local(X))
+    assert_everywhere(not hasattr(km, "cluster_centers_"), "no fitted attributes after an interrupt")
+    assert_everywhere(signal.getsignal(signal.SIGINT) is previous, "SIGINT handler restored")
+    # The same estimator fits normally afterwards.
+    km._on_iteration = None
+    km.fit(local(X))
+    assert_same_everywhere(km.cluster_centers_)
+
+
+class CountingComm:
+    """A communicator that counts every method call other than rank/size queries."""
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self._comm = comm
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._comm, name)
+        if not callable(attr) or name in ("Get_rank", "Get_size"):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def test_one_allreduce_per_iteration():
+    X = hard_data()
+    calls = {}
+    for max_iter in (3, 7):
+        comm = CountingComm(COMM)
+        km = KMeans(20, init=X[:20], max_iter=max_iter, tol=0, comm=comm).fit(local(X))
+        assert_everywhere(km.n_iter_ == max_iter, "did not converge early")
+        calls[max_iter] = comm.calls
+    extra = calls[7] - calls[3]
+    assert_everywhere(dict(extra) == {"Allreduce": 4}, f"4 more iterations cost {dict(extra)}")
+    # Nothing else happens per iteration: the whole fit is setup plus one collective per iteration.
+    assert_everywhere(sum(calls[3].values()) <= 12, f"setup and finish use {dict(calls[3])}")
