@@ -15,6 +15,7 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from mpinb.errors import _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
+from mpinb.live import Progress
 
 __all__ = ["KMeans"]
 
@@ -166,11 +167,13 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
 
         rng = resolve_random_state(self.random_state, comm)
         best: _Run | None = None
-        hook = self._on_iteration
         with StopFlag() as stop:
             for run in range(params["n_init"]):
                 start = initial_centers(data, params["init"], params["n_clusters"], rng, stop)
-                result = _lloyd(data, start, params["max_iter"], data.tol, stop, hook, run)
+                # Rank 0 publishes each run's inertia curve to the notebook (mpinb.live.watch).
+                with Progress("inertia", total=params["max_iter"], comm=comm) as progress:
+                    hook = _publishing_hook(progress, self._on_iteration)
+                    result = _lloyd(data, start, params["max_iter"], data.tol, stop, hook, run)
                 if best is None or (
                     result.inertia < best.inertia and not _same_clustering(result, best, data)
                 ):
@@ -568,6 +571,17 @@ def _lloyd(
     final[k] = _inertia(X, data.weights, centers + mean, labels)
     comm.Allreduce(MPI.IN_PLACE, final, op=MPI.SUM)
     return _Run(centers, labels, float(final[k]), i + 1, history, final[:k])
+
+
+def _publishing_hook(
+    progress: Progress, user_hook: Callable[[dict[str, Any]], None] | None
+) -> Callable[[dict[str, Any]], None]:
+    def hook(info: dict[str, Any]) -> None:
+        progress.update(info["iteration"], inertia=info["inertia"])
+        if user_hook is not None:
+            user_hook(info)
+
+    return hook
 
 
 def _same_clustering(a: _Run, b: _Run, data: _Shard) -> bool:

@@ -185,3 +185,19 @@ def test_live_loss_updates_every_epoch_during_a_nonblocking_fit(cluster2) -> Non
     history = cluster2.pull_root("history")
     assert seen.progress["series"]["loss"] == pytest.approx(history["loss"], rel=1e-12)
     assert seen.progress["done"] is True
+
+
+def test_live_inertia_from_kmeans_equals_its_history(cluster2) -> None:
+    from mpinb.live import watch
+
+    ar = cluster2.view.execute(
+        "import mpinb\nfrom mpinb.data import make_blobs\n"
+        "X, _ = make_blobs(20_000, n_features=4, centers=6, cluster_std=3.0, random_state=1)\n"
+        "km = mpinb.KMeans(6, random_state=0).fit(X)\nhist = km.inertia_history_",
+        block=False,
+    )
+    seen = watch(ar, interval=0.02, display=False)
+    history = cluster2.pull_root("hist")
+    assert seen.progress["kind"] == "inertia" and seen.progress["done"]
+    assert seen.progress["series"]["inertia"] == pytest.approx(list(history), rel=1e-12)
+    assert seen.progress["steps"] == list(range(1, len(history) + 1))
