@@ -110,3 +110,16 @@ def test_04_scaling() -> None:
     assert got["kmeans_speedup"][0] == 1.0
     assert got["comm_fraction"][0] == 0.0 and 0.0 < got["comm_fraction"][1] < 1.0  # one rank has nothing to exchange
     assert figures(got["_notebook"]) == 2 and not errors(got["_notebook"])
+
+
+def test_02_distributed_kmeans() -> None:
+    got = run_notebook(
+        "02_distributed_kmeans.ipynb",
+        {"n_engines": 2, "n_rows": 20_000, "n_clusters": 5, "n_features": 2},
+        ["center_difference", "labels_identical", "n_iter_equal", "inertia_difference", "same_error_everywhere"],
+    )
+    assert got["center_difference"] < 1e-10
+    assert got["labels_identical"] is True and got["n_iter_equal"] is True
+    assert got["inertia_difference"] < 1e-10
+    assert got["same_error_everywhere"] is True
+    assert figures(got["_notebook"]) >= 3 and not errors(got["_notebook"])  # live inertia, clusters, convergence
