@@ -7,7 +7,8 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
 - ``unit``       one process, ``pytest tests/unit``;
 - ``mpi``        ``mpiexec -n N python -m mpi4py -m pytest tests/mpi`` for N in 1, 2, 3, 4, each under a
                  hard timeout (an exception on one rank aborts the job instead of hanging it);
-- ``notebooks``  tests that start real MPI engine clusters and execute the tutorial notebooks.
+- ``notebooks``  tests that start real MPI engine clusters and execute the tutorial notebooks;
+- ``browser``    a tutorial notebook run to the end in JupyterLab in headless Chromium.
 
 Afterwards it checks that no process started by the tests is still running, and prints one closing
 line ``N passed, N failed, N skipped``. Options: ``--tier NAME`` (repeatable), ``-k EXPR``, ``--np 2,4``.
@@ -30,10 +31,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
-TIERS = ("unit", "mpi", "cluster", "notebooks")
+TIERS = ("unit", "mpi", "cluster", "notebooks", "browser")
 MPI_SIZES = (1, 2, 3, 4)
 # Hard limits: a hung collective ends the run instead of eating CI's budget.
-TIER_TIMEOUT = {"unit": 600, "mpi": 480, "cluster": 600, "notebooks": 900}
+TIER_TIMEOUT = {"unit": 600, "mpi": 480, "cluster": 600, "notebooks": 900, "browser": 300}
 PER_TEST_TIMEOUT = 180
 
 

@@ -80,7 +80,7 @@ def test_01_mpi_engines() -> None:
     assert got["same_error_everywhere"] is True
     assert got["stuck_ranks"] == [1]
     assert got["healthy_after_restart"] is True
-    assert not errors(got["_notebook"])
+    assert figures(got["_notebook"]) == 1 and not errors(got["_notebook"])
 
 
 def test_03_sharded_keras() -> None:
