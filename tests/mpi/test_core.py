@@ -278,3 +278,13 @@ def test_long_layout_mismatch_message_is_clipped_to_the_difference(comm) -> None
         mpinb.allreduce(arrays, comm=comm)
     message = str(info.value)
     assert len(message) < 600 and "(7,)" in message and "(140,)" in message
+
+
+def test_allreduce_large_payload_is_segmented_and_exact(any_comm) -> None:
+    r, p = any_comm.Get_rank(), any_comm.Get_size()
+    big = np.arange(2_500_000, dtype=np.float64) * (r + 1)  # 20 MB: five 4 MiB segments
+    small = np.full(3, float(r))
+    out_big, out_small = mpinb.allreduce([big, small], comm=any_comm)
+    factor = p * (p + 1) / 2
+    np.testing.assert_array_equal(out_big, np.arange(2_500_000, dtype=np.float64) * factor)
+    np.testing.assert_array_equal(out_small, np.full(3, p * (p - 1) / 2))
