@@ -13,6 +13,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
+from mpinb._kmeans_kernels import kernels
 from mpinb.errors import _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
 from mpinb.live import Progress
@@ -29,8 +30,13 @@ _BLOCK_ELEMENTS = 1 << 16
 # Rows per slice when summing rows per cluster through a sparse indicator (bounds the float64 copy
 # SciPy makes of a float32 slice).
 _SUM_ELEMENTS = 1 << 16
+# Rows per chunk of the compiled assignment step: the (rows, k) GEMM output stays at about 128 KiB,
+# which measured faster than larger blocks (it is scanned again by the argmin kernel while cached).
+_JIT_BLOCK_ELEMENTS = 1 << 14
 # Below this fraction of changed labels, the cluster sums are updated from the changed rows only.
 _INCREMENTAL_FRACTION = 0.2
+# Stands in for unit weights in the compiled kernels (which take a flag instead of None).
+_NO_WEIGHTS = np.empty(0)
 
 
 class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
@@ -447,12 +453,17 @@ class _Shard:
         # packed assignment) and the weighted total (for the per-iteration inertia).
         stats = np.zeros(d + 1)
         biggest = np.zeros(1)
-        for s, e in _chunks(n, max(256, _SUM_ELEMENTS // max(d, 1))):
-            xc = np.subtract(X[s:e], mean, dtype=np.float64)
-            sq = np.einsum("ij,ij->i", xc, xc)
-            stats[:d] += np.einsum("ij,ij->j", xc, xc)
-            stats[d] += sq.sum() if weights is None else sq @ weights[s:e]
-            biggest[0] = max(biggest[0], sq.max(initial=0.0))
+        jit = kernels()
+        if jit is not None:
+            unit = weights is None
+            biggest[0] = jit.centred_stats(X, mean, _NO_WEIGHTS if unit else weights, not unit, stats)
+        else:
+            for s, e in _chunks(n, max(256, _SUM_ELEMENTS // max(d, 1))):
+                xc = np.subtract(X[s:e], mean, dtype=np.float64)
+                sq = np.einsum("ij,ij->i", xc, xc)
+                stats[:d] += np.einsum("ij,ij->j", xc, xc)
+                stats[d] += sq.sum() if weights is None else sq @ weights[s:e]
+                biggest[0] = max(biggest[0], sq.max(initial=0.0))
         comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.SUM)
         comm.Allreduce(MPI.IN_PLACE, biggest, op=MPI.MAX)
         tol = float(np.mean(stats[:d] / total) * tol) if tol else 0.0
@@ -567,8 +578,14 @@ def _lloyd(
         # Labels must match the final centres.
         _assign(X, centers, mean, data.max_sq_norm, labels)
     final = np.zeros(k + 1)
-    final[:k] = _count(labels, k)
-    final[k] = _inertia(X, data.weights, centers + mean, labels)
+    jit = kernels()
+    if jit is not None:
+        unit = data.weights is None
+        w = _NO_WEIGHTS if unit else data.weights
+        final[k] = jit.inertia_counts(X, w, not unit, centers + mean, labels, final[:k])
+    else:
+        final[:k] = _count(labels, k)
+        final[k] = _inertia(X, data.weights, centers + mean, labels)
     comm.Allreduce(MPI.IN_PLACE, final, op=MPI.SUM)
     return _Run(centers, labels, float(final[k]), i + 1, history, final[:k])
 
@@ -641,6 +658,9 @@ def _assign(
     c2 = (-2.0 * centers).astype(gemm_dtype)
     # Per-cluster constant: |c'|^2 + 2 mean.c' (because x is used uncentred in the product).
     q = np.einsum("ij,ij->i", centers, centers) + 2.0 * (centers @ mean)
+    jit = kernels()
+    if jit is not None:
+        return _assign_compiled(jit, X, c2, q, labels, track)
     packed = k <= _PACKED_MAX_K
     n_changed = 0
     recorded = 0  # -1 once the changes no longer fit the buffers
@@ -705,6 +725,37 @@ def _assign(
     return _Changes(n_changed, track[0][:recorded], track[1][:recorded])
 
 
+def _assign_compiled(
+    jit: Any, X: np.ndarray, c2: np.ndarray, q: np.ndarray, labels: np.ndarray,
+    track: tuple[np.ndarray, np.ndarray] | None,
+) -> _Changes:
+    """``_assign`` with the argmin and change tracking in one compiled pass per GEMM chunk.
+
+    The same distances as the NumPy path (``q - 2 x.c'``, the GEMM in the data's precision and
+    the sum in float64), but an exact argmin: no index bits packed into the distances.
+    """
+    n = X.shape[0]
+    k = c2.shape[0]
+    block = int(min(8192, max(256, _JIT_BLOCK_ELEMENTS // max(k, 1))))
+    c2t = np.ascontiguousarray(c2.T)
+    buf = np.empty((min(block, max(n, 1)), k), dtype=c2.dtype)
+    if track is None:
+        rows, old = np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int32)
+        recorded = -1
+    else:
+        (rows, old), recorded = track, 0
+    q = np.ascontiguousarray(q, dtype=np.float64)
+    n_changed = 0
+    for s, e in _chunks(n, block):
+        out = buf[: e - s]
+        np.dot(X[s:e], c2t, out=out)
+        changed, recorded = jit.argmin_rows(out, q, labels[s:e], s, rows, old, recorded)
+        n_changed += changed
+    if track is None or recorded < 0:
+        return _Changes(n_changed, None, None)
+    return _Changes(n_changed, rows[:recorded], old[:recorded])
+
+
 def _update_sums(
     data: _Shard, labels: np.ndarray, changes: _Changes, sums: np.ndarray, weights: np.ndarray, members: np.ndarray
 ) -> None:
@@ -715,10 +766,24 @@ def _update_sums(
     recomputed. A cluster left without members is reset to exact zeros so round-off cannot
     accumulate there.
     """
-    import scipy.sparse as sp
-
     X, w = data.X, data.weights
     k, d = sums.shape
+    jit = kernels()
+    if jit is not None:
+        wv = _NO_WEIGHTS if w is None else w
+        if changes.rows is None:
+            sums[:] = 0.0
+            weights[:] = 0.0
+            members[:] = 0.0
+            jit.sums_full(X, wv, w is not None, labels, sums, weights, members)
+            return
+        jit.sums_delta(X, wv, w is not None, changes.rows, changes.old, labels, sums, weights, members)
+        gone = members == 0
+        sums[gone] = 0.0
+        weights[gone] = 0.0
+        return
+    import scipy.sparse as sp
+
     if changes.rows is None:
         sums[:] = 0.0
         weights[:] = 0.0

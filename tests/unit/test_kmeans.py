@@ -17,6 +17,7 @@ from sklearn.exceptions import NotFittedError
 import mpinb
 import mpinb.kmeans as kmeans_module
 from mpinb import KMeans
+from mpinb._kmeans_kernels import kernels
 
 SELF = MPI.COMM_SELF
 
@@ -41,6 +42,16 @@ CASES = {
     "blobs": lambda: (blobs(), blobs()[:6].copy()),
     "empty-cluster": forced_empty,
 }
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def kernel_path(request, monkeypatch):
+    """Run a test on the numba kernels and on the NumPy fallback (numba is optional)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(kmeans_module, "kernels", lambda: None)
+    elif kernels() is None:
+        pytest.skip("numba is not installed: only the NumPy path runs")
+    return request.param
 
 
 def assert_agrees(ours, theirs, rtol=1e-10):
@@ -178,7 +189,7 @@ def test_bad_sample_weight():
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_matches_sklearn_from_same_init(case):
+def test_matches_sklearn_from_same_init(case, kernel_path):
     X, init = CASES[case]()
     k = init.shape[0]
     theirs = SkKMeans(k, init=init, n_init=1, algorithm="lloyd").fit(X)
@@ -186,7 +197,7 @@ def test_matches_sklearn_from_same_init(case):
     assert_agrees(ours, theirs)
 
 
-def test_forced_empty_cluster_is_relocated():
+def test_forced_empty_cluster_is_relocated(kernel_path):
     X, init = forced_empty()
     seen = []
     km = KMeans(5, init=init, comm=SELF)
@@ -209,7 +220,7 @@ def test_same_seed_same_result_as_sklearn(init):
     assert_agrees(ours, theirs)
 
 
-def test_sample_weight_matches_sklearn():
+def test_sample_weight_matches_sklearn(kernel_path):
     X = blobs()
     w = np.random.default_rng(0).uniform(0, 3, len(X))
     w[::7] = 0.0
@@ -221,7 +232,7 @@ def test_sample_weight_matches_sklearn():
     assert_agrees(ours, theirs)
 
 
-def test_float32_is_accumulated_in_float64():
+def test_float32_is_accumulated_in_float64(kernel_path):
     X = blobs(5000, 8, 8, 2.5, seed=4)
     init = X[:8]
     exact = KMeans(8, init=init, comm=SELF).fit(X)
@@ -260,6 +271,7 @@ def test_on_iteration_hook():
 
 
 def test_packed_assignment_matches_argmin(monkeypatch):
+    monkeypatch.setattr(kmeans_module, "kernels", lambda: None)
     X = load_digits().data
     packed = KMeans(10, init=X[:10], comm=SELF).fit(X)
     monkeypatch.setattr(kmeans_module, "_PACKED_MAX_K", 0)
@@ -268,7 +280,7 @@ def test_packed_assignment_matches_argmin(monkeypatch):
     np.testing.assert_allclose(packed.cluster_centers_, plain.cluster_centers_, rtol=1e-12)
 
 
-def test_incremental_sums_match_recomputed_sums(monkeypatch):
+def test_incremental_sums_match_recomputed_sums(monkeypatch, kernel_path):
     X = blobs(20000, 6, 12, 3.0, seed=7)
     incremental = KMeans(12, init=X[:12], tol=0, comm=SELF).fit(X)
     monkeypatch.setattr(kmeans_module, "_INCREMENTAL_FRACTION", 0.0)
@@ -278,7 +290,23 @@ def test_incremental_sums_match_recomputed_sums(monkeypatch):
     np.testing.assert_allclose(incremental.cluster_centers_, fresh.cluster_centers_, rtol=1e-12, atol=1e-12)
 
 
-def test_offset_data_stays_accurate():
+@pytest.mark.skipif(kernels() is None, reason="numba is not installed")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compiled_kernels_match_numpy_path(monkeypatch, dtype):
+    X = blobs(20000, 6, 12, 3.0, seed=9).astype(dtype)
+    w = np.random.default_rng(1).uniform(0, 2, len(X))
+    w[::5] = 0.0
+    compiled = KMeans(12, init=X[:12], tol=0, comm=SELF).fit(X, sample_weight=w)
+    monkeypatch.setattr(kmeans_module, "kernels", lambda: None)
+    plain = KMeans(12, init=X[:12], tol=0, comm=SELF).fit(X, sample_weight=w)
+    assert compiled.n_iter_ == plain.n_iter_
+    np.testing.assert_array_equal(compiled.labels_, plain.labels_)
+    np.testing.assert_allclose(compiled.cluster_centers_, plain.cluster_centers_, rtol=1e-12, atol=1e-12)
+    assert compiled.inertia_ == pytest.approx(plain.inertia_, rel=1e-12)
+    np.testing.assert_array_equal(compiled.predict(X), plain.predict(X))
+
+
+def test_offset_data_stays_accurate(kernel_path):
     """Data far from the origin: the centred formulation keeps the labels exact."""
     X = blobs() + 1e6
     ours = KMeans(6, init=X[:6], comm=SELF).fit(X)
