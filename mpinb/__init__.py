@@ -7,7 +7,8 @@ notebook kernel and never initialise MPI there. Importing this package imports N
 from __future__ import annotations
 
 from mpinb.comm import World, allreduce, bcast, gather_rows, limit_threads, on_root, rprint, world
-from mpinb.errors import CollectiveMismatchError, check_all, check_same, raise_together
+from mpinb.deadline import get_collective_timeout, set_collective_timeout
+from mpinb.errors import CollectiveMismatchError, CollectiveTimeout, check_all, check_same, raise_together
 from mpinb.shards import shard, shard_bounds
 
 __version__ = "0.1.0"
@@ -25,6 +26,7 @@ _LAZY = {
 
 __all__ = [
     "CollectiveMismatchError",
+    "CollectiveTimeout",
     "KMeans",
     "MPICluster",
     "World",
@@ -34,6 +36,7 @@ __all__ = [
     "check_all",
     "check_same",
     "gather_rows",
+    "get_collective_timeout",
     "limit_threads",
     "on_root",
     "plot_clusters",
@@ -43,6 +46,7 @@ __all__ = [
     "plot_timing",
     "raise_together",
     "rprint",
+    "set_collective_timeout",
     "shard",
     "shard_bounds",
     "world",
@@ -52,7 +56,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
-        if name in ("data", "keras", "kmeans", "live", "plotting", "client", "interrupt", "launch"):
+        if name in ("data", "keras", "kmeans", "live", "plotting", "client", "interrupt", "launch", "deadline", "bench"):
             import importlib
 
             return importlib.import_module(f"mpinb.{name}")

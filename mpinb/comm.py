@@ -12,7 +12,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from mpinb.errors import CollectiveMismatchError, _resolve, check_same
+from mpinb import deadline as _deadline
+from mpinb.deadline import DEFAULT
+from mpinb.errors import CollectiveMismatchError, _check_same, _resolve
 
 __all__ = [
     "World",
@@ -51,7 +53,7 @@ class World:
         )
 
 
-def world(comm: Any = None) -> World:
+def world(comm: Any = None, *, timeout: Any = DEFAULT) -> World:
     """Describe this rank: rank, size, host and its place among the ranks on the same node.
 
     Collective: it splits ``comm`` by shared-memory node to count the ranks on this node, and frees
@@ -61,6 +63,9 @@ def world(comm: Any = None) -> World:
     ----------
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
+    timeout : float or None, optional
+        Seconds to wait for the other ranks before raising :class:`~mpinb.CollectiveTimeout`; by
+        default :func:`mpinb.get_collective_timeout`, and ``None`` waits forever.
 
     Returns
     -------
@@ -74,7 +79,10 @@ def world(comm: Any = None) -> World:
     (0, 4, 4)
     """
     comm = _resolve(comm)
-    node = _node_comm(comm)
+    with _deadline.begin(comm, "world", timeout) as call:
+        # MPI has no non-blocking split: under a deadline, first make sure every rank is here.
+        call.barrier()
+        node = _node_comm(comm)
     try:
         local_rank, local_size = node.Get_rank(), node.Get_size()
     finally:
@@ -89,7 +97,7 @@ def world(comm: Any = None) -> World:
     )
 
 
-def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None) -> list[Any]:
+def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None, timeout: Any = DEFAULT) -> list[Any]:
     """Reduce a list of arrays and scalars over all ranks with one buffer collective per dtype.
 
     Collective. Arrays of the same dtype are packed into one persistent buffer and reduced with a
@@ -109,6 +117,9 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None) -> li
         Booleans are summed as int64, and ``"min"``/``"max"`` act as logical and/or on them.
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
+    timeout : float or None, optional
+        Seconds to wait for the other ranks before raising :class:`~mpinb.CollectiveTimeout`; by
+        default :func:`mpinb.get_collective_timeout`, and ``None`` waits forever.
 
     Returns
     -------
@@ -132,7 +143,12 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None) -> li
         if v.dtype.kind == "c" and op in ("min", "max"):
             raise TypeError(f"op={op!r} is undefined for complex numbers (item {i}).")
     comm = _resolve(comm)
-    check_same((op, [(v.shape, v.dtype.str) for v in values]), "allreduce's shapes, dtypes and op", comm=comm)
+    with _deadline.begin(comm, "allreduce", timeout) as call:
+        return _allreduce(values, op, call)
+
+
+def _allreduce(values: list[np.ndarray], op: str, call: Any) -> list[Any]:
+    _check_same((op, [(v.shape, v.dtype.str) for v in values]), "allreduce's shapes, dtypes and op", call)
 
     plans = [_wire(v.dtype, op) for v in values]
     groups: dict[np.dtype, list[int]] = {}
@@ -142,7 +158,7 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None) -> li
     from mpi4py import MPI
 
     mpi_op = {"sum": MPI.SUM, "mean": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}[op]
-    size = comm.Get_size()
+    size = call.state.size
     out: list[Any] = [None] * len(values)
     # Iterating a dict keyed in first-appearance order gives every rank the same collective order,
     # because the shape/dtype check above has proven the inputs identical in layout.
@@ -155,7 +171,12 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None) -> li
             buf[offset : offset + n] = values[i].reshape(-1)
             offset += n
         if size > 1 and total:
-            _allreduce_segmented(comm, buf, mpi_op, MPI.IN_PLACE)
+            try:
+                _allreduce_segmented(call, buf, mpi_op)
+            except BaseException:
+                # A timed-out or interrupted reduction may still write into this buffer later.
+                _scratch_local.buffers.pop(wire, None)
+                raise
         offset = 0
         for i in members:
             v, n = values[i], values[i].size
@@ -171,7 +192,7 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None) -> li
     return out
 
 
-def bcast(obj: Any, *, root: int = 0, comm: Any = None) -> Any:
+def bcast(obj: Any, *, root: int = 0, comm: Any = None, timeout: Any = DEFAULT) -> Any:
     """Broadcast ``obj`` from ``root``: NumPy arrays by buffer, anything else by pickle.
 
     Collective. Non-root ranks may pass anything (``None`` is customary); they receive root's
@@ -185,6 +206,9 @@ def bcast(obj: Any, *, root: int = 0, comm: Any = None) -> Any:
         The sending rank.
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
+    timeout : float or None, optional
+        Seconds to wait for the other ranks before raising :class:`~mpinb.CollectiveTimeout`; by
+        default :func:`mpinb.get_collective_timeout`, and ``None`` waits forever.
 
     Returns
     -------
@@ -193,9 +217,14 @@ def bcast(obj: Any, *, root: int = 0, comm: Any = None) -> Any:
     """
     comm = _resolve(comm)
     _check_root(root, comm)
-    if comm.Get_size() == 1:
+    with _deadline.begin(comm, "bcast", timeout) as call:
+        return _bcast(obj, root, call)
+
+
+def _bcast(obj: Any, root: int, call: Any) -> Any:
+    if call.state.size == 1:
         return obj
-    is_root = comm.Get_rank() == root
+    is_root = call.state.rank == root
     header: tuple[Any, ...] | None = None
     if is_root:
         if isinstance(obj, np.ndarray) and obj.dtype.kind in "biufc":
@@ -205,7 +234,7 @@ def bcast(obj: Any, *, root: int = 0, comm: Any = None) -> Any:
                 header = ("pickle", pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
             except Exception as err:  # noqa: BLE001 - reported on every rank below
                 header = ("error", f"bcast could not pickle {type(obj).__name__} on rank {root}: {err}")
-    header = comm.bcast(header, root=root)
+    header = call.bcast(header, root)
     kind = header[0]
     if kind == "error":
         raise TypeError(header[1])
@@ -213,11 +242,11 @@ def bcast(obj: Any, *, root: int = 0, comm: Any = None) -> Any:
         return obj if is_root else pickle.loads(header[1])
     _, shape, dtype = header
     buf = np.ascontiguousarray(obj) if is_root else np.empty(shape, dtype=dtype)
-    comm.Bcast(buf, root=root)
+    call.bcast_buf(buf, root)
     return obj if is_root else buf
 
 
-def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None) -> np.ndarray | None:
+def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None, timeout: Any = DEFAULT) -> np.ndarray | None:
     """Concatenate each rank's rows in rank order; ranks may hold different numbers of rows.
 
     Collective. Row counts and trailing shapes are exchanged first (one small allgather), so a
@@ -233,6 +262,9 @@ def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None) -> np.nda
         The rank that receives the result; ``None`` gathers to every rank.
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
+    timeout : float or None, optional
+        Seconds to wait for the other ranks before raising :class:`~mpinb.CollectiveTimeout`; by
+        default :func:`mpinb.get_collective_timeout`, and ``None`` waits forever.
 
     Returns
     -------
@@ -245,7 +277,12 @@ def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None) -> np.nda
     arr = np.ascontiguousarray(np.asarray(local))
     if arr.ndim == 0:
         raise ValueError(f"gather_rows needs rows along axis 0; got a 0-d value {arr!r}.")
-    meta = comm.allgather((arr.shape[0], arr.shape[1:], arr.dtype.str))
+    with _deadline.begin(comm, "gather_rows", timeout) as call:
+        return _gather_rows(arr, root, call)
+
+
+def _gather_rows(arr: np.ndarray, root: int | None, call: Any) -> np.ndarray | None:
+    meta = call.allgather((arr.shape[0], arr.shape[1:], arr.dtype.str))
     layouts = {(trailing, dtype) for _, trailing, dtype in meta}
     if len(layouts) > 1:
         raise CollectiveMismatchError(
@@ -253,30 +290,32 @@ def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None) -> np.nda
         )
     if arr.dtype.kind not in "biufc":
         # Objects and strings have no fixed-size MPI type; small, so pickling is fine here.
-        parts = comm.allgather(arr) if root is None else comm.gather(arr, root=root)
+        parts = call.allgather(arr) if root is None else call.gather(arr, root)
         return None if parts is None else np.concatenate(parts)
     row = int(np.prod(arr.shape[1:], dtype=np.int64))
     counts = np.array([n * row for n, _, _ in meta], dtype=np.int64)
     displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
     total_rows = sum(n for n, _, _ in meta)
-    if root is None or comm.Get_rank() == root:
+    if root is None or call.state.rank == root:
         result = np.empty((total_rows, *arr.shape[1:]), dtype=arr.dtype)
         recv = [result.reshape(-1), (counts, displs)]
     else:
         result, recv = None, None
     if root is None:
-        comm.Allgatherv(arr.reshape(-1), recv)
+        call.allgatherv(arr.reshape(-1), recv)
     else:
-        comm.Gatherv(arr.reshape(-1), recv, root=root)
+        call.gatherv(arr.reshape(-1), recv, root)
     return result
 
 
-def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, **kwargs: Any) -> Any:
+def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, timeout: Any = DEFAULT, **kwargs: Any) -> Any:
     """Call ``fn(*args, **kwargs)`` on rank 0 only and give its result (or exception) to every rank.
 
     Collective. Use it for root-only side effects whose outcome every rank must know: reading a
     config file, writing a checkpoint, drawing shared random numbers. If ``fn`` raises on root,
-    the same exception type and message is raised on every rank.
+    the same exception type and message is raised on every rank. ``timeout`` (seconds, default
+    :func:`mpinb.get_collective_timeout`, ``None`` waits forever) bounds the whole call, ``fn``'s
+    run on root included; past it the waiting ranks raise :class:`~mpinb.CollectiveTimeout`.
 
     Returns
     -------
@@ -284,20 +323,25 @@ def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, **kwargs: Any)
         ``fn``'s return value on every rank (broadcast with :func:`bcast`).
     """
     comm = _resolve(comm)
+    with _deadline.begin(comm, "on_root", timeout) as call:
+        return _on_root(fn, args, kwargs, call)
+
+
+def _on_root(fn: Callable[..., Any], args: Any, kwargs: Any, call: Any) -> Any:
     result: Any = None
     error: Exception | None = None
-    if comm.Get_rank() == 0:
+    if call.state.rank == 0:
         try:
             result = fn(*args, **kwargs)
         except Exception as err:  # noqa: BLE001 - re-raised on every rank below
             error = err
-    if comm.Get_size() == 1:
+    if call.state.size == 1:
         if error is not None:
             raise error
         return result
-    verdict = comm.bcast(None if error is None else (type(error), str(error)), root=0)
+    verdict = call.bcast(None if error is None else (type(error), str(error)), 0)
     if verdict is None:
-        return bcast(result, root=0, comm=comm)
+        return _bcast(result, 0, call)
     if error is not None:
         raise error
     from mpinb.errors import _instantiate
@@ -308,12 +352,14 @@ def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, **kwargs: Any)
     raise raised
 
 
-def rprint(*args: Any, comm: Any = None, root_only: bool = False, sep: str = " ", file: Any = None) -> None:
+def rprint(
+    *args: Any, comm: Any = None, root_only: bool = False, sep: str = " ", file: Any = None, timeout: Any = DEFAULT
+) -> None:
     """Print from every rank in rank order, each line prefixed ``[rank r/n]``.
 
     Collective: the lines are gathered and printed by rank 0, so they come out in order even where
     each rank's stdout travels separately (ipyparallel, ``mpiexec``). With ``root_only=True`` only
-    rank 0 prints and nothing is communicated.
+    rank 0 prints and nothing is communicated. ``timeout`` as in :func:`allreduce`.
     """
     comm = _resolve(comm)
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -323,12 +369,13 @@ def rprint(*args: Any, comm: Any = None, root_only: bool = False, sep: str = " "
         if rank == 0:
             print(_prefix(text, 0, size), file=stream, flush=True)
         return
-    texts = comm.gather(text, root=0)
+    with _deadline.begin(comm, "rprint", timeout) as call:
+        texts = call.gather(text, 0)
     if rank == 0:
         print("\n".join(_prefix(t, r, size) for r, t in enumerate(texts)), file=stream, flush=True)
 
 
-def limit_threads(n: int | None = None, *, comm: Any = None) -> int:
+def limit_threads(n: int | None = None, *, comm: Any = None, timeout: Any = DEFAULT) -> int:
     """Set this rank's BLAS/OpenMP (and TensorFlow) thread budget so ranks do not oversubscribe cores.
 
     Collective: with ``n=None`` the ranks on each node share the cores their CPU affinity allows,
@@ -343,6 +390,9 @@ def limit_threads(n: int | None = None, *, comm: Any = None) -> int:
         Threads per rank; computed from the node when omitted.
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
+    timeout : float or None, optional
+        Seconds to wait for the other ranks before raising :class:`~mpinb.CollectiveTimeout`; by
+        default :func:`mpinb.get_collective_timeout`, and ``None`` waits forever.
 
     Returns
     -------
@@ -353,7 +403,9 @@ def limit_threads(n: int | None = None, *, comm: Any = None) -> int:
         raise ValueError(f"n must be a positive integer number of threads; got {n!r}.")
     comm = _resolve(comm)
     if n is None:
-        n = _default_threads(comm)
+        with _deadline.begin(comm, "limit_threads", timeout) as call:
+            call.barrier()  # under a deadline: every rank is here before the blocking split
+            n = _default_threads(comm)
     n = int(n)
     for var in _THREAD_VARS:
         os.environ[var] = str(n)
@@ -392,7 +444,7 @@ def _wire(dtype: np.dtype, op: str) -> tuple[np.dtype, np.dtype]:
     return dtype.newbyteorder("="), dtype.newbyteorder("=")
 
 
-def _allreduce_segmented(comm: Any, buf: np.ndarray, op: Any, in_place: Any) -> None:
+def _allreduce_segmented(call: Any, buf: np.ndarray, op: Any) -> None:
     """One ``Allreduce`` for payloads up to 8 MiB; 4 MiB segments above.
 
     MPICH's shared-memory allreduce slows down once a message no longer fits in cache: on a 2-core
@@ -402,10 +454,10 @@ def _allreduce_segmented(comm: Any, buf: np.ndarray, op: Any, in_place: Any) -> 
     """
     step = max(1, _SEGMENT_BYTES // buf.itemsize)
     if buf.size <= 2 * step:
-        comm.Allreduce(in_place, buf, op=op)
+        call.allreduce(buf, op)
         return
     for start in range(0, buf.size, step):
-        comm.Allreduce(in_place, buf[start : start + step], op=op)
+        call.allreduce(buf[start : start + step], op)
 
 
 def _scratch(dtype: np.dtype, n: int) -> np.ndarray:

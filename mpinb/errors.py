@@ -7,8 +7,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from mpinb import deadline as _deadline
+
 __all__ = [
     "CollectiveMismatchError",
+    "CollectiveTimeout",
     "check_all",
     "check_same",
     "raise_together",
@@ -23,7 +26,54 @@ class CollectiveMismatchError(ValueError):
     """
 
 
-def check_all(ok: bool, message: str, *, comm: Any = None, exc: type[Exception] = ValueError) -> None:
+class CollectiveTimeout(TimeoutError):
+    """A collective did not complete within its deadline because some ranks never arrived.
+
+    Raised on each rank that waited, naming the operation (``allreduce #12``: the 12th mpinb
+    collective on this communicator), the missing ranks and the last mpinb collective each of them
+    entered. Also raised by a late rank's next mpinb collective on that communicator. The
+    communicator is unusable afterwards: the abandoned operation can no longer be matched across
+    ranks, so continue on a fresh communicator (one made before the failure, e.g. ``comm.Dup()``).
+
+    Attributes
+    ----------
+    operation : str or None
+        The collective, e.g. ``"allreduce"``.
+    number : int or None
+        Its position among the mpinb collectives on the communicator.
+    timeout : float or None
+        The deadline in seconds.
+    rank : int or None
+        The rank that raised it.
+    missing : dict of int to str
+        The ranks waited for, each with what it was doing instead.
+    arrived : tuple of int
+        The ranks that entered the operation.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str | None = None,
+        number: int | None = None,
+        timeout: float | None = None,
+        rank: int | None = None,
+        missing: dict[int, str] | None = None,
+        arrived: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.operation, self.number, self.timeout, self.rank = operation, number, timeout, rank
+        self.missing = dict(missing or {})
+        self.arrived = tuple(arrived)
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def check_all(
+    ok: bool, message: str, *, comm: Any = None, exc: type[Exception] = ValueError, timeout: Any = _deadline.DEFAULT
+) -> None:
     """Raise the same exception on every rank if ``ok`` is false on any rank.
 
     Collective: every rank of ``comm`` calls it. One small allgather decides for all ranks, so a
@@ -41,6 +91,9 @@ def check_all(ok: bool, message: str, *, comm: Any = None, exc: type[Exception] 
         Defaults to ``MPI.COMM_WORLD``.
     exc : type of Exception, default ValueError
         The exception type raised on every rank.
+    timeout : float or None, optional
+        Seconds to wait for the other ranks before raising :class:`CollectiveTimeout`; by default
+        :func:`mpinb.get_collective_timeout`, and ``None`` waits forever.
 
     Raises
     ------
@@ -52,13 +105,14 @@ def check_all(ok: bool, message: str, *, comm: Any = None, exc: type[Exception] 
     >>> mpinb.check_all(len(X_local) > 0, f"this shard is empty ({len(X_local)} rows)")
     """
     comm = _resolve(comm)
-    verdicts = comm.allgather((bool(ok), None if ok else str(message)))
+    with _deadline.begin(comm, "check_all", timeout) as call:
+        verdicts = call.allgather((bool(ok), None if ok else str(message)))
     failed = {rank: msg for rank, (good, msg) in enumerate(verdicts) if not good}
     if failed:
         raise exc(_compose(failed, comm.Get_size()))
 
 
-def check_same(value: Any, what: str, *, comm: Any = None) -> None:
+def check_same(value: Any, what: str, *, comm: Any = None, timeout: Any = _deadline.DEFAULT) -> None:
     """Raise :class:`CollectiveMismatchError` on every rank unless ``value`` is equal on all ranks.
 
     Collective. ``value`` is compared by its ``repr``, so pass hashable descriptions such as
@@ -73,9 +127,18 @@ def check_same(value: Any, what: str, *, comm: Any = None) -> None:
         A noun phrase naming the value in the error, e.g. ``"n_clusters"``.
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
+    timeout : float or None, optional
+        Seconds to wait for the other ranks before raising :class:`CollectiveTimeout`; by default
+        :func:`mpinb.get_collective_timeout`, and ``None`` waits forever.
     """
     comm = _resolve(comm)
-    if comm.Get_size() == 1:
+    with _deadline.begin(comm, "check_same", timeout) as call:
+        _check_same(value, what, call)
+
+
+def _check_same(value: Any, what: str, call: Any) -> None:
+    """check_same's worker, inside an mpinb collective already begun (allreduce uses it too)."""
+    if call.state.size == 1:
         return
     import numpy as np
     from mpi4py import MPI
@@ -84,20 +147,22 @@ def check_same(value: Any, what: str, *, comm: Any = None) -> None:
     # Python's hash() of str is salted per process; a keyed digest is identical on every rank.
     digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
     buf = np.array([digest, -digest], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MIN)
+    call.allreduce(buf, MPI.MIN)
     if buf[0] == -buf[1]:
         return
-    texts = comm.allgather(text)
+    texts = call.allgather(text)
     raise CollectiveMismatchError(_describe_mismatch(what, texts))
 
 
 @contextmanager
-def raise_together(*, comm: Any = None) -> Iterator[None]:
+def raise_together(*, comm: Any = None, timeout: Any = _deadline.DEFAULT) -> Iterator[None]:
     """Run a block of local checks; if it raises on any rank, raise on every rank.
 
     Collective: every rank enters and leaves the block. The exception type of the lowest failing
     rank is raised everywhere with a message naming the failing ranks, so validation written as
-    ordinary ``raise`` statements becomes a collective decision.
+    ordinary ``raise`` statements becomes a collective decision. ``timeout`` (seconds, default
+    :func:`mpinb.get_collective_timeout`, ``None`` waits forever) bounds the wait at the block's end
+    for the other ranks; past it, :class:`CollectiveTimeout` is raised.
 
     Examples
     --------
@@ -113,7 +178,8 @@ def raise_together(*, comm: Any = None) -> Iterator[None]:
     except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
         error = err
     report = None if error is None else (type(error), str(error))
-    reports = comm.allgather(report)
+    with _deadline.begin(comm, "raise_together", timeout) as call:
+        reports = call.allgather(report)
     failed = {rank: rep for rank, rep in enumerate(reports) if rep is not None}
     if not failed:
         return

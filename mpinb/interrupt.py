@@ -36,6 +36,7 @@ class StopFlag:
         self._set = False
         self._previous: object = None
         self._installed = False
+        self._depth = 0  # re-entrant: an outer ``with`` can cover set-up, an inner one the loop
 
     @property
     def requested(self) -> bool:
@@ -56,7 +57,8 @@ class StopFlag:
         raise KeyboardInterrupt(f"{where}: interrupted (Ctrl-C); every rank stopped at the same point.")
 
     def __enter__(self) -> StopFlag:
-        if threading.current_thread() is threading.main_thread():
+        self._depth += 1
+        if self._depth == 1 and threading.current_thread() is threading.main_thread():
             self._previous = signal.getsignal(signal.SIGINT)
             signal.signal(signal.SIGINT, self._handle)
             self._installed = True
@@ -65,7 +67,8 @@ class StopFlag:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._installed:
+        self._depth -= 1
+        if self._depth == 0 and self._installed:
             signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
             self._installed = False
 

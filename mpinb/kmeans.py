@@ -149,31 +149,34 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         KMeans
             ``self``, fitted.
         """
-        comm = _resolve(self.comm)
-        with raise_together(comm=comm):
-            params = self._validated_params()
-            X = _as_data(X_local)
-            weights = _as_weights(sample_weight, X.shape[0])
-            init = params["init"]
-            if not isinstance(init, str) and init.shape != (params["n_clusters"], X.shape[1]):
-                raise ValueError(
-                    f"init has shape {init.shape}, but it must be (n_clusters, n_features) = "
-                    f"({params['n_clusters']}, {X.shape[1]})."
-                )
-            local_sum = X.sum(axis=0, dtype=np.float64)
-            if not np.isfinite(local_sum).all():
-                _raise_nonfinite(X)
-        check_same(_describe_params(params), "the KMeans configuration", comm=comm)
-        check_same(X.shape[1], "the number of features (columns of X_local)", comm=comm)
-        data = _Shard.build(
-            X, weights, local_sum, n_clusters=params["n_clusters"], init=params["init"], tol=params["tol"], comm=comm
-        )
-
-        from mpinb._kmeans_init import initial_centers, resolve_random_state
-
-        rng = resolve_random_state(self.random_state, comm)
-        best: _Run | None = None
+        # From the first line: a Ctrl-C that lands during validation, set-up or a JIT compile only
+        # sets the flag, which the first reduction of the initialisation or of Lloyd's loop carries
+        # to every rank, instead of raising on this rank alone while the others enter a collective.
         with StopFlag() as stop:
+            comm = _resolve(self.comm)
+            with raise_together(comm=comm):
+                params = self._validated_params()
+                X = _as_data(X_local)
+                weights = _as_weights(sample_weight, X.shape[0])
+                init = params["init"]
+                if not isinstance(init, str) and init.shape != (params["n_clusters"], X.shape[1]):
+                    raise ValueError(
+                        f"init has shape {init.shape}, but it must be (n_clusters, n_features) = "
+                        f"({params['n_clusters']}, {X.shape[1]})."
+                    )
+                local_sum = X.sum(axis=0, dtype=np.float64)
+                if not np.isfinite(local_sum).all():
+                    _raise_nonfinite(X)
+            check_same(_describe_params(params), "the KMeans configuration", comm=comm)
+            check_same(X.shape[1], "the number of features (columns of X_local)", comm=comm)
+            data = _Shard.build(
+                X, weights, local_sum, n_clusters=params["n_clusters"], init=params["init"], tol=params["tol"], comm=comm
+            )
+
+            from mpinb._kmeans_init import initial_centers, resolve_random_state
+
+            rng = resolve_random_state(self.random_state, comm)
+            best: _Run | None = None
             for run in range(params["n_init"]):
                 start = initial_centers(data, params["init"], params["n_clusters"], rng, stop)
                 # Rank 0 publishes each run's inertia curve to the notebook (mpinb.live.watch).

@@ -127,8 +127,22 @@ def fit(
     >>> history["loss"][-1], history["rank_loss"][-1]
     """
     comm = _resolve(comm)
-    rank, size = comm.Get_rank(), comm.Get_size()
     user_callbacks = list(callbacks or [])
+    stopper = next((cb for cb in user_callbacks if isinstance(cb, StopOnInterrupt)), None)
+    if stopper is None:
+        stopper = StopOnInterrupt(comm=comm)
+    # SIGINT only sets the stopper's flag from the first line on: a Ctrl-C during validation, the
+    # broadcast or the first trace reaches every rank through the first step's vote, instead of
+    # raising on one rank while the others wait in a collective.
+    with stopper.flag:
+        return _fit(model, x, y, batch_size, epochs, validation_data, strategy, average_every, shuffle, seed,
+                    user_callbacks, stopper, checkpoint, resume, verbose, comm)
+
+
+def _fit(model: Any, x: Any, y: Any, batch_size: int, epochs: int, validation_data: Any, strategy: str,
+         average_every: int, shuffle: bool, seed: int | None, user_callbacks: list[Any], stopper: Any,
+         checkpoint: Any, resume: bool, verbose: Any, comm: Any) -> dict[str, Any]:
+    rank, size = comm.Get_rank(), comm.Get_size()
     with raise_together(comm=comm):
         _check_fit_args(batch_size, epochs, strategy, average_every, size, user_callbacks, checkpoint, resume)
         n_local = _check_xy(x, y, "x", "y")
@@ -188,9 +202,6 @@ def fit(
         comm=comm, strategy=strategy, average_every=average_every, steps=steps, per_rank=per_rank,
         validation_data=validation_data, eval_batch=max(per_rank, 32), epochs=epochs,
     )
-    stopper = next((cb for cb in user_callbacks if isinstance(cb, StopOnInterrupt)), None)
-    if stopper is None:
-        stopper = StopOnInterrupt(comm=comm)
     stopper.raise_errors = False
     # Order matters: the loop makes logs global before user callbacks (EarlyStopping, live plots)
     # read them; the checkpoint saves the synced state; the stopper, last, turns every stop request
