@@ -147,6 +147,7 @@ class MPICluster:
             self.cluster.start_cluster_sync()
             self.client = self.cluster.connect_client_sync()
             self._identify(self._wait_for_new_engines(set()))
+            self._protect_files()
         except BaseException:
             self.stop()
             raise
@@ -211,13 +212,13 @@ class MPICluster:
         """
         if self.cluster is None:
             raise RuntimeError("restart() needs a cluster started by MPICluster or found from its cluster file.")
-        old_ids = set(self.client.ids) if self.client is not None else set()
+        old = self._engine_keys()
         self._kill_engines()
         self.cluster.stop_engines_sync()
         if self._owns_cluster:
             _reap(self._engine_pids, grace=2.0)
         self.cluster.start_engines_sync(self.n)
-        self._identify(self._wait_for_new_engines(old_ids | set(self._ids_by_rank), timeout=timeout))
+        self._identify(self._wait_for_new_engines(old, timeout=timeout))
         return self
 
     def healthy(self, timeout: float = 5.0) -> Health:
@@ -235,6 +236,28 @@ class MPICluster:
             except Exception:  # noqa: BLE001
                 pass
         return Health(answered=answered, silent=silent, seconds=time.perf_counter() - t0)
+
+    def interrupt(self) -> None:
+        """Send SIGINT to every engine, like Ctrl-C on each rank. Client.
+
+        Interrupting the notebook kernel stops only the client's wait; the engines keep running.
+        mpinb's long loops (``KMeans.fit``, ``mpinb.keras.fit``) turn SIGINT into a collective stop,
+        so every rank leaves at the same iteration and raises ``KeyboardInterrupt``; plain Python
+        code is interrupted as usual. A rank blocked inside a bare MPI call does not react: use
+        :meth:`restart` then.
+        """
+        import signal as _signal
+
+        import socket
+
+        here = socket.gethostname()
+        if self._engine_pids and all(host == here for host in getattr(self, "_engine_hosts", [])):
+            for pid in self._engine_pids:
+                os.kill(pid, _signal.SIGINT)
+        elif self.cluster is not None:  # engines on other hosts: ask their launcher
+            self.cluster.signal_engines_sync(_signal.SIGINT)
+        else:
+            raise RuntimeError("interrupt() needs engines on this host or a cluster file to signal them.")
 
     def __enter__(self) -> MPICluster:
         return self.start() if self._owns_cluster else self
@@ -299,12 +322,20 @@ class MPICluster:
             raise RuntimeError("this MPICluster is stopped; start() or restart() it first.")
         return self.view
 
-    def _wait_for_new_engines(self, old_ids: set[int], timeout: float | None = None) -> list[int]:
+    def _engine_keys(self) -> set[Any]:
+        """An identity per registered engine that survives id reuse: the engine's uuid."""
+        if self.client is None:
+            return set()
+        uuids = getattr(self.client, "_engines", {})
+        return {(eid, uuids.get(eid)) for eid in self.client.ids}
+
+    def _wait_for_new_engines(self, old: set[Any], timeout: float | None = None) -> list[int]:
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         while True:
-            # After a restart the hub still lists dead engines for a while: count only new ids.
-            new = set(self.client.ids) - old_ids
+            # After a restart the hub may still list dead engines, or hand their ids to the new
+            # ones: an engine is new when its (id, uuid) was not registered before.
+            new = {eid for eid, _ in self._engine_keys() - old}
             if len(new) >= self.n:
                 return sorted(new)
             if time.monotonic() > deadline:
@@ -327,9 +358,20 @@ class MPICluster:
             )
         self._ids_by_rank = [eid for eid, _ in sorted(by_eid.items(), key=lambda item: item[1]["rank"])]
         self._engine_pids = [by_eid[eid]["pid"] for eid in self._ids_by_rank]
+        self._engine_hosts = [by_eid[eid]["host"] for eid in self._ids_by_rank]
         self.view = self.client.direct_view(targets=self._ids_by_rank)
         self.view.block = True
         _activate(self.view)
+
+    def _protect_files(self) -> None:
+        """Owner-only modes for everything in the profile's security folder. ipyparallel already
+        writes the connection files (which hold the key) 0600; its cluster file (launcher state and
+        pids, no key) is 0644, and there is no reason for others to read it either."""
+        security = os.path.join(str(self.cluster.profile_dir), "security")
+        if os.path.isdir(security):
+            os.chmod(security, 0o700)
+            for name in os.listdir(security):
+                os.chmod(os.path.join(security, name), 0o600)
 
     def _tracked_pids(self) -> list[int]:
         pids = list(self._engine_pids)
