@@ -191,6 +191,13 @@ def raise_together(*, comm: Any = None, timeout: Any = _deadline.DEFAULT) -> Ite
     raise raised
 
 
+def _is_int(value: Any) -> bool:
+    """An integer argument (Python or NumPy), not a bool: the one rule every module checks with."""
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _resolve(comm: Any) -> Any:
     if comm is None:
         from mpi4py import MPI

@@ -14,7 +14,7 @@ from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from mpinb._kmeans_kernels import kernels
-from mpinb.errors import _resolve, check_same, raise_together
+from mpinb.errors import _is_int, _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
 from mpinb.live import Progress
 
@@ -914,10 +914,6 @@ def _rows_per_block(k: int) -> int:
 def _chunks(n: int, step: int):
     for s in range(0, n, step):
         yield s, min(s + step, n)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _as_data(X: Any) -> np.ndarray:

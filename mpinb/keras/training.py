@@ -13,7 +13,7 @@ import keras
 import numpy as np
 
 from mpinb.comm import allreduce, limit_threads, on_root
-from mpinb.errors import CollectiveMismatchError, _resolve, check_all, check_same, raise_together
+from mpinb.errors import CollectiveMismatchError, _is_int, _resolve, check_all, check_same, raise_together
 from mpinb.keras._sync import average_arrays, epoch_batches, steps_per_epoch, sum_arrays
 from mpinb.keras.callbacks import (
     BroadcastInitialState,
@@ -557,6 +557,3 @@ def _dummy_row(data: Any) -> Any:
         return type(data)(one(v) for v in data)
     return one(data)
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
