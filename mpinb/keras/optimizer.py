@@ -234,22 +234,18 @@ def _copy_registration(base: type, cls: type) -> None:
     """Make Keras serialise ``cls`` exactly as ``base`` ("keras.optimizers" / "SGD", or a custom
     registered name). Keras looks both up by class object in registries that have no public
     setter; if their layout changes, saving still works through the class's module path."""
-    try:
-        from keras.src import api_export
+    import importlib
 
-        public = api_export.REGISTERED_OBJS_TO_NAMES.get(base)
-        if public is not None:
-            api_export.REGISTERED_OBJS_TO_NAMES[cls] = public
-    except (ImportError, AttributeError):
-        pass
-    try:
-        from keras.src.saving import object_registration
-
-        custom = object_registration.GLOBAL_CUSTOM_NAMES.get(base)
-        if custom is not None:
-            object_registration.GLOBAL_CUSTOM_NAMES[cls] = custom
-    except (ImportError, AttributeError):
-        pass
+    for module, registry in (
+        ("keras.src.api_export", "REGISTERED_OBJS_TO_NAMES"),
+        ("keras.src.saving.object_registration", "GLOBAL_CUSTOM_NAMES"),
+    ):
+        try:
+            names = getattr(importlib.import_module(module), registry)
+        except (ImportError, AttributeError):
+            continue
+        if base in names:
+            names[cls] = names[base]
 
 
 def _in_xla_context() -> bool:
