@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -114,6 +115,11 @@ class _Exchange:
     Besides the gradients, the buffer carries two extra numbers, this rank's interrupt and stop
     votes, so that a collective stop (``StopOnInterrupt``) costs no extra message: after each step
     every rank knows whether any rank asked to stop, and stops at the same step.
+
+    The gradients travel as separate tensors into one ``tf.numpy_function`` and come back as
+    separate arrays: packing happens once, in NumPy, straight into a persistent MPI buffer (scaled
+    by ``1/size`` on the way in), and the results are views of that buffer. A concat and a split in
+    TensorFlow would each copy every gradient once more.
     """
 
     def __init__(self, comm: Any) -> None:
@@ -126,6 +132,7 @@ class _Exchange:
         self.nonfinite_steps = 0
         self.seconds = 0.0
         self.calls = 0
+        self._packers: dict[tuple, _Packer] = {}
 
     def average(self, grads: list[Any]) -> list[Any]:
         import tensorflow as tf
@@ -147,68 +154,123 @@ class _Exchange:
             g = grads[i]
             if isinstance(g, tf.IndexedSlices):
                 g = tf.convert_to_tensor(g)  # sparse (embedding) gradients: same dense layout everywhere
+            if g.dtype in (tf.float16, tf.bfloat16):
+                g = tf.cast(g, tf.float32)  # summed in float32: half precision would lose the small terms
             dense.append(g)
         if not dense:
             return grads
-        wire = [tf.float32 if g.dtype in (tf.float16, tf.bfloat16) else g.dtype for g in dense]
-        if self.fused:
-            groups: dict[Any, list[int]] = {}
-            for j, dt in enumerate(wire):
-                groups.setdefault(dt, []).append(j)
-            members = list(groups.values())
-        else:
-            members = [[j] for j in range(len(dense))]
-        reduced: list[Any] = [None] * len(dense)
-        flats_per_call = []
-        for group in members:
-            flat = tf.concat([tf.reshape(tf.cast(dense[j], wire[j]), [-1]) for j in group], axis=0)
-            flats_per_call.append((group, flat))
-        calls = [flats_per_call] if self.fused else [[item] for item in flats_per_call]
+        calls = [dense] if self.fused else [[g] for g in dense]
+        reduced: list[Any] = []
         for call in calls:
-            flats = [flat for _, flat in call]
             outs = tf.numpy_function(
-                self._reduce, flats, [f.dtype for f in flats], stateful=True, name="mpinb_allreduce"
+                self._reduce, call, [g.dtype for g in call], stateful=True, name="mpinb_allreduce"
             )
-            for (group, flat), out in zip(call, outs):
-                out.set_shape(flat.shape)
-                sizes = [int(np.prod(dense[j].shape)) for j in group]
-                for j, piece in zip(group, tf.split(out, sizes)):
-                    reduced[j] = tf.cast(tf.reshape(piece, dense[j].shape), dense[j].dtype)
+            for g, out in zip(call, outs):
+                out.set_shape(g.shape)
+                reduced.append(out)
         out_grads = list(grads)
         for i, r in zip(present, reduced):
-            out_grads[i] = r
+            out_grads[i] = r if r.dtype == grads[i].dtype else tf.cast(r, grads[i].dtype)
         return out_grads
 
-    def _reduce(self, *flats: np.ndarray) -> list[np.ndarray]:
+    def _reduce(self, *grads: np.ndarray) -> list[np.ndarray]:
         """Runs on a TensorFlow thread once per step (or per variable when unfused)."""
         from mpi4py import MPI
 
         t0 = time.perf_counter()
+        key = tuple((g.shape, g.dtype.str) for g in grads)
+        packer = self._packers.get(key)
+        if packer is None:
+            packer = self._packers[key] = _Packer(grads)
         size = self.comm.Get_size()
-        outs = []
-        nonfinite = False
-        for k, flat in enumerate(flats):
-            extra = 2 if k == 0 else 0
-            buf = np.empty(flat.size + extra, dtype=flat.dtype)
-            buf[: flat.size] = flat
-            if extra:
-                buf[-2:] = self.votes
-            if size > 1:
-                self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-            if extra:
-                self.interrupt_requested |= bool(buf[-2] > 0)
-                self.stop_requested |= bool(buf[-1] > 0)
-            avg = buf[: flat.size]
-            if size > 1:
-                avg /= size
-            # A NaN or infinity anywhere makes the sum non-finite; cheaper than isfinite().all().
-            nonfinite = nonfinite or not np.isfinite(np.add.reduce(avg, dtype=np.float64))
-            outs.append(avg)
-        if nonfinite:
+        bufs = packer.fill(grads, 1.0 / size, self.votes)
+        for buf in bufs.buffers:
+            self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        votes = bufs.buffers[0][-2:]
+        self.interrupt_requested |= bool(votes[0] > 0)
+        self.stop_requested |= bool(votes[1] > 0)
+        if not packer.all_finite(bufs):
             self.nonfinite_steps += 1
         self.seconds += time.perf_counter() - t0
         self.calls += 1
-        return outs
+        return packer.unpack(bufs)
+
+
+class _Packer:
+    """Lays gradients of one fixed set of shapes out in one buffer per dtype, and reuses buffers.
+
+    Each gradient starts on a 64-byte boundary, so TensorFlow wraps the returned views without
+    copying them. A buffer can only be refilled once TensorFlow has dropped every view of it (weak
+    references to the views tell): with ``steps_per_execution > 1`` TensorFlow holds one step's
+    views into the next, so a few sets of buffers take turns, and a new set is made only when all
+    of them are still in use.
+    """
+
+    _ALIGN = 64
+    _KEEP = 4  # sets of buffers kept for reuse
+
+    def __init__(self, grads: tuple[np.ndarray, ...]) -> None:
+        self.slots: list[tuple[int, int, int]] = []  # per gradient: (buffer, start, stop)
+        dtypes: list[np.dtype] = []
+        ends: list[int] = []
+        for g in grads:
+            if g.dtype not in dtypes:
+                dtypes.append(g.dtype)
+                ends.append(0)
+            b = dtypes.index(g.dtype)
+            step = self._ALIGN // g.dtype.itemsize
+            start = -(-ends[b] // step) * step
+            self.slots.append((b, start, start + g.size))
+            ends[b] = start + g.size
+        ends[0] += 2  # the (interrupt, stop) votes ride at the end of the first buffer
+        self.shapes = [g.shape for g in grads]
+        self.dtypes = dtypes
+        self.lengths = ends
+        self._zeros = [np.zeros(n, dtype) for n, dtype in zip(ends, dtypes)]
+        self._sets: list[_BufferSet] = []
+        self.allocations = 0
+
+    def fill(self, grads: tuple[np.ndarray, ...], scale: float, votes: tuple[float, float]) -> _BufferSet:
+        bufs = self._idle_set()
+        for g, (b, start, stop) in zip(grads, self.slots):
+            # Scaling before the sum is exact for a power-of-two number of ranks, and otherwise
+            # differs from dividing afterwards only by round-off, identically on every rank.
+            np.multiply(g.reshape(-1), scale, out=bufs.buffers[b][start:stop])
+        bufs.buffers[0][-2:] = votes
+        return bufs
+
+    def all_finite(self, bufs: _BufferSet) -> bool:
+        # x * 0 is 0 for every finite x and NaN for NaN or infinity, and a dot product with zeros
+        # cannot overflow: one BLAS pass, about 4x cheaper than a float64 sum.
+        return all(np.isfinite(np.dot(buf, zeros)) for buf, zeros in zip(bufs.buffers, self._zeros))
+
+    def unpack(self, bufs: _BufferSet) -> list[np.ndarray]:
+        views = [bufs.buffers[b][start:stop].reshape(shape) for (b, start, stop), shape in zip(self.slots, self.shapes)]
+        bufs.lent = [weakref.ref(v) for v in views]
+        return views
+
+    def _idle_set(self) -> _BufferSet:
+        for bufs in self._sets:
+            if all(ref() is None for ref in bufs.lent):
+                return bufs
+        bufs = _BufferSet(self.lengths, self.dtypes, self._ALIGN)
+        self.allocations += 1
+        if len(self._sets) < self._KEEP:
+            self._sets.append(bufs)
+        return bufs
+
+
+class _BufferSet:
+    """One aligned buffer per dtype, and weak references to the views of it lent to TensorFlow."""
+
+    def __init__(self, lengths: list[int], dtypes: list[np.dtype], align: int) -> None:
+        self.buffers: list[np.ndarray] = []
+        for n, dtype in zip(lengths, dtypes):
+            # Zeroed: the padding between gradients is summed with the other ranks' zeros.
+            raw = np.zeros(n * dtype.itemsize + align, np.uint8)
+            offset = -raw.ctypes.data % align
+            self.buffers.append(raw[offset : offset + n * dtype.itemsize].view(dtype))
+        self.lent: list[weakref.ref] = []
 
 
 def _distributed_class(base: type) -> type:

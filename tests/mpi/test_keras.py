@@ -223,6 +223,48 @@ def test_checkpoint_resume_continues_exactly(digits):
             shutil.rmtree(folder, ignore_errors=True)
 
 
+# --- several steps per execution (compile(steps_per_execution=N)) ----------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["gradients", "weights"])
+def test_steps_per_execution_trains_exactly_like_one_step_per_call(digits, strategy):
+    X, y = digits
+    Xl, yl = mpinb.shard(X[:1792], y[:1792])  # 28 steps of 64 rows per epoch at every world size
+    one = mlp(15, optimizer=keras.optimizers.Adam(0.01))
+    four = mlp(15, optimizer=keras.optimizers.Adam(0.01))
+    four.compile(optimizer=keras.optimizers.Adam(0.01), loss=LOSS, metrics=["accuracy"], steps_per_execution=4)
+    kwargs = dict(batch_size=64, epochs=2, seed=3, strategy=strategy, average_every=4, verbose=0)
+    h1 = mk.fit(one, Xl, yl, **kwargs)
+    h4 = mk.fit(four, Xl, yl, **kwargs)
+    assert h4["params"]["steps_per_execution"] == 4
+    assert h4["steps"] == h1["steps"] == [28, 28]
+    assert int(four.optimizer.iterations.numpy()) == 56
+    assert_everywhere(relative_error(weights_of(four), weights_of(one)) < 1e-6,
+                      f"same weights with 4 steps per execution ({relative_error(weights_of(four), weights_of(one)):.1e})")
+    assert_same_everywhere(weights_of(four))
+    np.testing.assert_allclose(h4["loss"], h1["loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize(("strategy", "expected"), [("gradients", 7), ("weights", 2)])
+def test_steps_per_execution_is_lowered_to_end_on_epochs_and_averages(digits, strategy, expected):
+    import warnings
+
+    X, y = digits
+    Xl, yl = mpinb.shard(X[:1792], y[:1792])
+    model = mlp(16)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss=LOSS, steps_per_execution=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = mk.fit(model, Xl, yl, batch_size=64, epochs=2, seed=1, strategy=strategy, average_every=6, verbose=0)
+    lowered = [w for w in caught if "steps_per_execution=8" in str(w.message)]
+    assert len(lowered) == (1 if RANK == 0 else 0)  # 28 steps per epoch: 7 divides them (and 2 divides 6 too)
+    assert history["params"]["steps_per_execution"] == expected
+    assert history["steps"] == [28, 28]
+    assert int(model.optimizer.iterations.numpy()) == 56  # no epoch borrowed batches from the next
+    assert model.steps_per_execution == 8  # the user's setting is back
+    assert_same_everywhere(weights_of(model))
+
+
 # --- the weight-averaging strategy --------------------------------------------------------------------
 
 

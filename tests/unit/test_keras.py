@@ -240,3 +240,34 @@ def test_epoch_batches_are_disjoint_reproducible_and_reshuffled():
     )
     assert steps_per_epoch([450, 449, 449, 449], 8) == 56
     assert steps_per_epoch([100, 7], 8) == 0
+
+
+@pytest.mark.parametrize(("requested", "steps", "expected"), [(1, 28, 1), (4, 28, 4), (8, 28, 7), (8, 13, 1), (50, 28, 28), (6, 2, 2)])
+def test_steps_per_execution_divides_the_epoch(requested, steps, expected):
+    from mpinb.keras.training import _steps_per_execution
+
+    assert _steps_per_execution(requested, steps) == expected
+
+
+def test_packer_reuses_idle_buffers_and_never_overwrites_live_views():
+    from mpinb.keras.optimizer import _Packer
+
+    grads = (np.ones((3, 5), np.float32), np.full(7, 2.0, np.float32), np.arange(4.0))
+    packer = _Packer(grads)
+    first = packer.fill(grads, 0.5, (1.0, 0.0))
+    assert packer.all_finite(first)
+    views = packer.unpack(first)
+    first = first.buffers
+    assert all(v.ctypes.data % 64 == 0 for v in views)  # TensorFlow wraps aligned arrays without a copy
+    np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
+    np.testing.assert_array_equal(views[2], np.arange(4.0) / 2)
+    assert first[0][-2:].tolist() == [1.0, 0.0]  # votes ride at the end of the first buffer
+    second = packer.fill(grads, 0.25, (0.0, 0.0))  # `views` still alive: a new set of buffers
+    assert second.buffers[0].ctypes.data != first[0].ctypes.data
+    np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
+    del views
+    packer.unpack(second)  # dropped at once, like a step's views once TensorFlow is done with them
+    third = packer.fill(grads, 1.0, (0.0, 0.0))  # everything released: an old set is reused
+    assert packer.allocations == 2
+    third.buffers[1][3] = np.nan
+    assert not packer.all_finite(third)
