@@ -11,9 +11,10 @@ Kernels are compiled on first use and cached on disk (``cache=True``).
 from __future__ import annotations
 
 import functools
-import os
 from types import SimpleNamespace
 from typing import Any
+
+from mpinb import _numba
 
 __all__ = ["kernels"]
 
@@ -21,13 +22,8 @@ __all__ = ["kernels"]
 @functools.cache
 def kernels() -> Any:
     """The compiled kernels as a namespace, or ``None`` when numba is unavailable or disabled."""
-    if os.environ.get("MPINB_NUMBA", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
-    try:
-        import numba
-    except ImportError:
-        return None
-    return _compile(numba)
+    numba = _numba.load()
+    return None if numba is None else _compile(numba)
 
 
 def _compile(numba: Any) -> SimpleNamespace:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any
 
 import numpy as np
 
 from mpinb.errors import _resolve
+from mpinb.keras._pack import Packer
 
 __all__ = ["DistributedOptimizer", "is_distributed"]
 
@@ -112,9 +112,10 @@ class _AllreduceGradients:
 class _Exchange:
     """The per-optimizer MPI side of the hook: the reduction itself, control votes and timers.
 
-    Besides the gradients, the buffer carries two extra numbers, this rank's interrupt and stop
-    votes, so that a collective stop (``StopOnInterrupt``) costs no extra message: after each step
-    every rank knows whether any rank asked to stop, and stops at the same step.
+    Besides the gradients, the buffer carries three extra numbers, this rank's interrupt, stop and
+    non-finite-gradient votes, so that a collective stop (``StopOnInterrupt``) costs no extra
+    message: after each step every rank knows whether any rank asked to stop, or met a NaN or an
+    infinity, and stops at the same step.
 
     The gradients travel as separate tensors into one ``tf.numpy_function`` and come back as
     separate arrays: packing happens once, in NumPy, straight into a persistent MPI buffer (scaled
@@ -130,9 +131,10 @@ class _Exchange:
         self.stop_requested = False
         self.check_finite = True  # False under a LossScaleOptimizer, whose overflow steps are normal
         self.nonfinite_steps = 0
-        self.seconds = 0.0
+        self.seconds = 0.0  # in the exchange, waiting included
+        self.wait_seconds = 0.0  # of which waiting for the slowest rank to arrive
         self.calls = 0
-        self._packers: dict[tuple, _Packer] = {}
+        self._packers: dict[tuple, Packer] = {}
 
     def average(self, grads: list[Any]) -> list[Any]:
         import tensorflow as tf
@@ -181,96 +183,23 @@ class _Exchange:
         key = tuple((g.shape, g.dtype.str) for g in grads)
         packer = self._packers.get(key)
         if packer is None:
-            packer = self._packers[key] = _Packer(grads)
-        size = self.comm.Get_size()
-        bufs = packer.fill(grads, 1.0 / size, self.votes)
+            packer = self._packers[key] = Packer(grads)
+        bufs = packer.fill(grads, 1.0 / self.comm.Get_size(), self.votes)
+        # A barrier first (microseconds within a node) splits the time into waiting for the slowest
+        # rank, which is load imbalance or noise, and moving the data, which is communication.
+        t1 = time.perf_counter()
+        self.comm.Barrier()
+        self.wait_seconds += time.perf_counter() - t1
         for buf in bufs.buffers:
             self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        votes = bufs.buffers[0][-2:]
-        self.interrupt_requested |= bool(votes[0] > 0)
-        self.stop_requested |= bool(votes[1] > 0)
-        if not packer.all_finite(bufs):
+        interrupt, stop, nonfinite = bufs.buffers[0][-3:]
+        self.interrupt_requested |= bool(interrupt > 0)
+        self.stop_requested |= bool(stop > 0)
+        if nonfinite > 0:
             self.nonfinite_steps += 1
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         return packer.unpack(bufs)
-
-
-class _Packer:
-    """Lays gradients of one fixed set of shapes out in one buffer per dtype, and reuses buffers.
-
-    Each gradient starts on a 64-byte boundary, so TensorFlow wraps the returned views without
-    copying them. A buffer can only be refilled once TensorFlow has dropped every view of it (weak
-    references to the views tell): with ``steps_per_execution > 1`` TensorFlow holds one step's
-    views into the next, so a few sets of buffers take turns, and a new set is made only when all
-    of them are still in use.
-    """
-
-    _ALIGN = 64
-    _KEEP = 4  # sets of buffers kept for reuse
-
-    def __init__(self, grads: tuple[np.ndarray, ...]) -> None:
-        self.slots: list[tuple[int, int, int]] = []  # per gradient: (buffer, start, stop)
-        dtypes: list[np.dtype] = []
-        ends: list[int] = []
-        for g in grads:
-            if g.dtype not in dtypes:
-                dtypes.append(g.dtype)
-                ends.append(0)
-            b = dtypes.index(g.dtype)
-            step = self._ALIGN // g.dtype.itemsize
-            start = -(-ends[b] // step) * step
-            self.slots.append((b, start, start + g.size))
-            ends[b] = start + g.size
-        ends[0] += 2  # the (interrupt, stop) votes ride at the end of the first buffer
-        self.shapes = [g.shape for g in grads]
-        self.dtypes = dtypes
-        self.lengths = ends
-        self._zeros = [np.zeros(n, dtype) for n, dtype in zip(ends, dtypes)]
-        self._sets: list[_BufferSet] = []
-        self.allocations = 0
-
-    def fill(self, grads: tuple[np.ndarray, ...], scale: float, votes: tuple[float, float]) -> _BufferSet:
-        bufs = self._idle_set()
-        for g, (b, start, stop) in zip(grads, self.slots):
-            # Scaling before the sum is exact for a power-of-two number of ranks, and otherwise
-            # differs from dividing afterwards only by round-off, identically on every rank.
-            np.multiply(g.reshape(-1), scale, out=bufs.buffers[b][start:stop])
-        bufs.buffers[0][-2:] = votes
-        return bufs
-
-    def all_finite(self, bufs: _BufferSet) -> bool:
-        # x * 0 is 0 for every finite x and NaN for NaN or infinity, and a dot product with zeros
-        # cannot overflow: one BLAS pass, about 4x cheaper than a float64 sum.
-        return all(np.isfinite(np.dot(buf, zeros)) for buf, zeros in zip(bufs.buffers, self._zeros))
-
-    def unpack(self, bufs: _BufferSet) -> list[np.ndarray]:
-        views = [bufs.buffers[b][start:stop].reshape(shape) for (b, start, stop), shape in zip(self.slots, self.shapes)]
-        bufs.lent = [weakref.ref(v) for v in views]
-        return views
-
-    def _idle_set(self) -> _BufferSet:
-        for bufs in self._sets:
-            if all(ref() is None for ref in bufs.lent):
-                return bufs
-        bufs = _BufferSet(self.lengths, self.dtypes, self._ALIGN)
-        self.allocations += 1
-        if len(self._sets) < self._KEEP:
-            self._sets.append(bufs)
-        return bufs
-
-
-class _BufferSet:
-    """One aligned buffer per dtype, and weak references to the views of it lent to TensorFlow."""
-
-    def __init__(self, lengths: list[int], dtypes: list[np.dtype], align: int) -> None:
-        self.buffers: list[np.ndarray] = []
-        for n, dtype in zip(lengths, dtypes):
-            # Zeroed: the padding between gradients is summed with the other ranks' zeros.
-            raw = np.zeros(n * dtype.itemsize + align, np.uint8)
-            offset = -raw.ctypes.data % align
-            self.buffers.append(raw[offset : offset + n * dtype.itemsize].view(dtype))
-        self.lent: list[weakref.ref] = []
 
 
 def _distributed_class(base: type) -> type:

@@ -13,6 +13,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from mpinb import deadline as _deadline
 from mpinb.comm import allreduce, limit_threads, on_root
 from mpinb.errors import CollectiveMismatchError, _is_int, _resolve, check_all, check_same, raise_together
 from mpinb.keras._sync import average_arrays, epoch_batches, steps_per_epoch, sum_arrays
@@ -110,7 +111,9 @@ def fit(
     dict
         Identical on every rank. ``"epoch"`` (0-based), every global metric (``"loss"``,
         ``"val_loss"``, ...) as lists over epochs, ``"rank_loss"`` (per epoch, each rank's own
-        training loss), ``"compute_seconds"`` and ``"comm_seconds"`` (per epoch, per rank),
+        training loss), ``"compute_seconds"`` and ``"comm_seconds"`` (per epoch, per rank; the
+        latter waiting included), ``"wait_seconds"`` (the part of ``comm_seconds`` spent waiting for
+        the slowest rank: load imbalance, not data transfer),
         ``"steps"`` per epoch, and ``"params"``.
 
     Raises
@@ -328,21 +331,23 @@ class _FitLoop(keras.callbacks.Callback):
         self.validation_data = validation_data
         self.eval_batch = eval_batch
         self.history: dict[str, Any] = {"epoch": [], "steps": [], "rank_loss": [], "compute_seconds": [],
-                                        "comm_seconds": []}
+                                        "comm_seconds": [], "wait_seconds": []}
         self._since_average = 0
         self._t0 = 0.0
-        self._comm0 = 0.0
-        self._comm_weights = 0.0
+        self._at_begin = np.zeros(2)  # the exchange's (comm, wait) seconds at epoch begin
+        self._weights_times = np.zeros(2)  # (comm, wait) seconds of this epoch's weight averages
         self._steps_done = 0
 
-    def _exchange_seconds(self) -> float:
+    def _exchange_times(self) -> np.ndarray:
         opt = self.model.optimizer
-        return opt._mpinb_exchange.seconds if is_distributed(opt) else 0.0
+        if not is_distributed(opt):
+            return np.zeros(2)
+        return np.array([opt._mpinb_exchange.seconds, opt._mpinb_exchange.wait_seconds])
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._steps_done = 0
-        self._comm_weights = 0.0
-        self._comm0 = self._exchange_seconds()
+        self._weights_times = np.zeros(2)
+        self._at_begin = self._exchange_times()
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
@@ -358,11 +363,11 @@ class _FitLoop(keras.callbacks.Callback):
         if self.strategy == "weights" and self._since_average:
             self._average_weights()
         wall = time.perf_counter() - self._t0
-        comm_s = self._exchange_seconds() - self._comm0 + self._comm_weights
+        comm_s, wait_s = self._exchange_times() - self._at_begin + self._weights_times
         sync_non_trainable(self.model, comm=self.comm)
         local = {k: float(np.asarray(v)) for k, v in logs.items() if np.ndim(v) == 0}
         gathered = self.comm.allgather((sorted(local), [local[k] for k in sorted(local)], wall - comm_s, comm_s,
-                                        self._steps_done))
+                                        self._steps_done, wait_s))
         keys = gathered[0][0]
         if any(g[0] != keys for g in gathered):
             raise CollectiveMismatchError(
@@ -384,6 +389,7 @@ class _FitLoop(keras.callbacks.Callback):
             h["rank_loss"].append([float(g[1][keys.index("loss")]) for g in gathered])
         h["compute_seconds"].append([float(g[2]) for g in gathered])
         h["comm_seconds"].append([float(g[3]) for g in gathered])
+        h["wait_seconds"].append([float(g[5]) for g in gathered])
         for k in sorted(logs):
             if np.ndim(logs[k]) == 0:
                 h.setdefault(k, []).append(float(logs[k]))
@@ -398,11 +404,20 @@ class _FitLoop(keras.callbacks.Callback):
         opt = self.model.optimizer
         if opt.built:
             variables += list(opt.variables)
-        averaged = average_arrays([v.numpy() for v in variables], comm=self.comm)
-        for v, a in zip(variables, averaged):
+        values = [v.numpy() for v in variables]
+        t1 = time.perf_counter()
+        # Splits off the wait for the slowest rank, as the gradient exchange does (under the
+        # collective deadline when one is set, like the average itself).
+        with _deadline.begin(self.comm, "fit's weight average") as call:
+            if call.deadline is None:
+                self.comm.Barrier()
+            else:
+                call.barrier()
+        wait = time.perf_counter() - t1
+        for v, a in zip(variables, average_arrays(values, comm=self.comm)):
             v.assign(a)
         self._since_average = 0
-        self._comm_weights += time.perf_counter() - t0
+        self._weights_times += (time.perf_counter() - t0, wait)
 
 
 def _global_evaluate(model: Any, x: Any, y: Any, n_local: int, batch_size: int, comm: Any) -> dict[str, float]:

@@ -115,6 +115,8 @@ def test_uneven_digits_run_the_same_steps_everywhere(digits):
     assert len(history["rank_loss"][0]) == SIZE
     assert np.array(history["compute_seconds"]).shape == (2, SIZE)
     assert np.array(history["comm_seconds"]).shape == (2, SIZE)
+    wait = np.array(history["wait_seconds"])
+    assert wait.shape == (2, SIZE) and np.all(wait >= 0) and np.all(wait <= np.array(history["comm_seconds"]))
     assert history["params"]["rows_per_rank"] == [hi - lo for lo, hi in (mpinb.shard_bounds(len(X), rank=r, size=SIZE) for r in range(SIZE))]
     assert_same_everywhere(history["loss"])
 

@@ -158,6 +158,7 @@ def test_history_structure_and_callbacks_see_global_logs():
     assert np.array(history["compute_seconds"]).shape == (3, 1)
     assert np.array(history["comm_seconds"]).shape == (3, 1)
     assert all(c >= 0 for row in history["comm_seconds"] for c in row)
+    assert all(0 <= w <= c for ws, cs in zip(history["wait_seconds"], history["comm_seconds"]) for w, c in zip(ws, cs))
     assert history["params"]["steps_per_epoch"] == 4 and history["params"]["per_rank_batch"] == 64
     assert [s["val_loss"] for s in seen] == history["val_loss"]
     assert [s["loss"] for s in seen] == history["loss"]
@@ -249,25 +250,29 @@ def test_steps_per_execution_divides_the_epoch(requested, steps, expected):
     assert _steps_per_execution(requested, steps) == expected
 
 
-def test_packer_reuses_idle_buffers_and_never_overwrites_live_views():
-    from mpinb.keras.optimizer import _Packer
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+def test_packer_reuses_idle_buffers_and_never_overwrites_live_views(monkeypatch, compiled):
+    from mpinb.keras import _pack
 
+    if not compiled:
+        monkeypatch.setattr(_pack, "_scale_kernel", lambda: None)
     grads = (np.ones((3, 5), np.float32), np.full(7, 2.0, np.float32), np.arange(4.0))
-    packer = _Packer(grads)
+    packer = _pack.Packer(grads)
     first = packer.fill(grads, 0.5, (1.0, 0.0))
-    assert packer.all_finite(first)
     views = packer.unpack(first)
     first = first.buffers
     assert all(v.ctypes.data % 64 == 0 for v in views)  # TensorFlow wraps aligned arrays without a copy
     np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
     np.testing.assert_array_equal(views[2], np.arange(4.0) / 2)
-    assert first[0][-2:].tolist() == [1.0, 0.0]  # votes ride at the end of the first buffer
+    assert first[0][-3:].tolist() == [1.0, 0.0, 0.0]  # votes ride at the end of the first buffer
     second = packer.fill(grads, 0.25, (0.0, 0.0))  # `views` still alive: a new set of buffers
     assert second.buffers[0].ctypes.data != first[0].ctypes.data
     np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
     del views
     packer.unpack(second)  # dropped at once, like a step's views once TensorFlow is done with them
-    third = packer.fill(grads, 1.0, (0.0, 0.0))  # everything released: an old set is reused
+    packer.fill(grads, 1.0, (0.0, 0.0))  # everything released: an old set is reused
     assert packer.allocations == 2
-    third.buffers[1][3] = np.nan
-    assert not packer.all_finite(third)
+    for bad in (np.nan, np.inf, -np.inf):
+        broken = (grads[0], np.array([1, 2, bad, 4, 5, 6, 7], np.float32), grads[2])
+        assert packer.fill(broken, 1.0, (0.0, 0.0)).buffers[0][-1] == 1.0  # this rank's non-finite vote
+    assert packer.fill(grads, 1.0, (0.0, 1.0)).buffers[0][-3:].tolist() == [0.0, 1.0, 0.0]

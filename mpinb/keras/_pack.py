@@ -1,0 +1,121 @@
+"""Packing a step's gradients into reused MPI buffers, scaled and checked in one pass."""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import numpy as np
+
+from mpinb import _numba
+
+__all__ = ["Packer"]
+
+
+class Packer:
+    """Lays gradients of one fixed set of shapes out in one buffer per dtype, and reuses buffers.
+
+    Each gradient starts on a 64-byte boundary, so TensorFlow wraps the returned views without
+    copying them. A buffer can only be refilled once TensorFlow has dropped every view of it (weak
+    references to the views tell): with ``steps_per_execution > 1`` TensorFlow holds one step's
+    views into the next, so a few sets of buffers take turns, and a new set is made only when all
+    of them are still in use.
+    """
+
+    _ALIGN = 64
+    _KEEP = 4  # sets of buffers kept for reuse
+
+    def __init__(self, grads: tuple[np.ndarray, ...]) -> None:
+        self.slots: list[tuple[int, int, int]] = []  # per gradient: (buffer, start, stop)
+        dtypes: list[np.dtype] = []
+        ends: list[int] = []
+        for g in grads:
+            if g.dtype not in dtypes:
+                dtypes.append(g.dtype)
+                ends.append(0)
+            b = dtypes.index(g.dtype)
+            step = self._ALIGN // g.dtype.itemsize
+            start = -(-ends[b] // step) * step
+            self.slots.append((b, start, start + g.size))
+            ends[b] = start + g.size
+        ends[0] += 3  # the (interrupt, stop, non-finite) votes ride at the end of the first buffer
+        self.shapes = [g.shape for g in grads]
+        self.dtypes = dtypes
+        self.lengths = ends
+        self._sets: list[_BufferSet] = []
+        self.allocations = 0
+
+    def fill(self, grads: tuple[np.ndarray, ...], scale: float, votes: tuple[float, float]) -> _BufferSet:
+        """Copy ``grads * scale`` into an idle set of buffers, then this rank's votes: interrupt,
+        stop, and whether any of its gradients is NaN or infinite (checked in the same pass).
+
+        Scaling before the sum is exact for a power-of-two number of ranks, and otherwise differs
+        from dividing afterwards only by round-off, identically on every rank. Voting on the local
+        gradients (rather than scanning the sum) costs no extra pass; a sum of finite values that
+        overflows is caught one step later, by the gradients of the loss it makes infinite.
+        """
+        bufs = self._idle_set()
+        finite = True
+        for g, (b, start, stop) in zip(grads, self.slots):
+            dst = bufs.buffers[b][start:stop]
+            finite &= _scale_into(g.reshape(-1), dst.dtype.type(scale), dst)
+        bufs.buffers[0][-3:] = (*votes, 0.0 if finite else 1.0)
+        return bufs
+
+    def unpack(self, bufs: _BufferSet) -> list[np.ndarray]:
+        views = [bufs.buffers[b][start:stop].reshape(shape) for (b, start, stop), shape in zip(self.slots, self.shapes)]
+        bufs.lent = [weakref.ref(v) for v in views]
+        return views
+
+    def _idle_set(self) -> _BufferSet:
+        for bufs in self._sets:
+            if all(ref() is None for ref in bufs.lent):
+                return bufs
+        bufs = _BufferSet(self.lengths, self.dtypes, self._ALIGN)
+        self.allocations += 1
+        if len(self._sets) < self._KEEP:
+            self._sets.append(bufs)
+        return bufs
+
+
+class _BufferSet:
+    """One aligned buffer per dtype, and weak references to the views of it lent to TensorFlow."""
+
+    def __init__(self, lengths: list[int], dtypes: list[np.dtype], align: int) -> None:
+        self.buffers: list[np.ndarray] = []
+        for n, dtype in zip(lengths, dtypes):
+            # Zeroed: the padding between gradients is summed with the other ranks' zeros.
+            raw = np.zeros(n * dtype.itemsize + align, np.uint8)
+            offset = -raw.ctypes.data % align
+            self.buffers.append(raw[offset : offset + n * dtype.itemsize].view(dtype))
+        self.lent: list[weakref.ref] = []
+
+
+def _scale_into(src: np.ndarray, scale: Any, dst: np.ndarray) -> bool:
+    """``dst[:] = src * scale``; returns whether every value is finite."""
+    kernel = _scale_kernel()
+    if kernel is not None:
+        return bool(kernel(src, scale, dst))
+    np.multiply(src, scale, out=dst)
+    # min and max propagate NaN, and an infinity is one of them; no temporary, no overflow.
+    return dst.size == 0 or bool(np.isfinite(dst.min()) and np.isfinite(dst.max()))
+
+
+@functools.cache
+def _scale_kernel() -> Any:
+    numba = _numba.load()
+    if numba is None:
+        return None
+
+    # "reassoc" lets the accumulation vectorise; without "nnan"/"ninf", v - v is not folded to 0.
+    @numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc", "contract"})
+    def scale_into(src, scale, dst):  # pragma: no cover - compiled
+        acc = scale - scale
+        for i in range(src.size):
+            v = src[i] * scale
+            dst[i] = v
+            acc += v - v
+        return acc == 0
+
+    return scale_into
