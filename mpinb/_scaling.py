@@ -69,11 +69,14 @@ def measure(
         # Epoch 1 includes tracing the step function: measure the later ones.
         compute = [max(c) / steps for c in history["compute_seconds"][1:]]
         comm_time = [max(c) / steps for c in history["comm_seconds"][1:]]
+        # The rank that waited longest for the others: how much of a step the slowest rank costs.
+        wait = [max(w) / steps for w in history["wait_seconds"][1:]]
         result["keras"] = {
             "global_batch": global_batch, "steps_per_epoch": steps,
             "seconds_per_step": statistics.median(c + m for c, m in zip(compute, comm_time)),
             "compute_per_step": statistics.median(compute),
             "comm_per_step": statistics.median(comm_time),
+            "wait_per_step": min(statistics.median(wait), statistics.median(comm_time)),
         }
     return result
 

@@ -23,7 +23,8 @@ def scaling(ranks: Sequence[int] = (1, 2, 4), *, timeout: float = 600, **params:
     -------
     list of dict
         One per world size: ``ranks``, ``threads_per_rank``, ``kmeans`` (``seconds_per_iteration``)
-        and ``keras`` (``seconds_per_step``, ``compute_per_step``, ``comm_per_step``).
+        and ``keras`` (``seconds_per_step``, ``compute_per_step``, ``comm_per_step`` and the part of it
+        spent waiting for the slowest rank, ``wait_per_step``).
     """
     from mpinb.launch import run_mpi
 

@@ -103,12 +103,13 @@ def test_04_scaling() -> None:
     got = run_notebook(
         "04_scaling.ipynb",
         {"ranks": [1, 2], "n_rows": 40_000, "train_rows": 2_048, "global_batch": 256, "epochs": 2},
-        ["sizes", "kmeans_seconds", "step_seconds", "kmeans_speedup", "comm_fraction"],
+        ["sizes", "kmeans_seconds", "step_seconds", "kmeans_speedup", "comm_fraction", "wait_fraction"],
     )
     assert got["sizes"] == [1, 2]
     assert all(s > 0 for s in got["kmeans_seconds"] + got["step_seconds"])
     assert got["kmeans_speedup"][0] == 1.0
     assert got["comm_fraction"][0] == 0.0 and 0.0 < got["comm_fraction"][1] < 1.0  # one rank has nothing to exchange
+    assert got["wait_fraction"][0] == 0.0 and 0.0 <= got["wait_fraction"][1] <= got["comm_fraction"][1]
     assert figures(got["_notebook"]) == 2 and not errors(got["_notebook"])
 
 
