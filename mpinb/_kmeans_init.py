@@ -6,8 +6,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mpinb._kmeans_lloyd import BLOCK_ELEMENTS, SUM_ELEMENTS, Shard, chunks, lloyd, sq_distances
 from mpinb.interrupt import StopFlag
-from mpinb.kmeans import _SUM_ELEMENTS, _BLOCK_ELEMENTS, _chunks, _lloyd, _Shard, _sq_distances
 
 __all__ = ["initial_centers", "resolve_random_state"]
 
@@ -31,7 +31,7 @@ def resolve_random_state(random_state: Any, comm: Any) -> np.random.RandomState:
 
 
 def initial_centers(
-    data: _Shard, init: Any, k: int, rng: np.random.RandomState, stop: StopFlag | None
+    data: Shard, init: Any, k: int, rng: np.random.RandomState, stop: StopFlag | None
 ) -> np.ndarray:
     """Centred initial centres (k, n_features), identical on every rank. Collective."""
     if not isinstance(init, str):
@@ -43,7 +43,7 @@ def initial_centers(
     return _kmeans_parallel(data, k, rng, stop)
 
 
-def kmeans_plusplus(data: _Shard, k: int, rng: np.random.RandomState, stop: StopFlag | None) -> np.ndarray:
+def kmeans_plusplus(data: Shard, k: int, rng: np.random.RandomState, stop: StopFlag | None) -> np.ndarray:
     """scikit-learn's greedy k-means++ (``2 + log k`` trials per centre) over distributed rows.
 
     Every rank draws the same random numbers, in the same order as scikit-learn; each draw is a
@@ -84,7 +84,7 @@ def kmeans_plusplus(data: _Shard, k: int, rng: np.random.RandomState, stop: Stop
     return centers
 
 
-def _random_rows(data: _Shard, k: int, rng: np.random.RandomState) -> np.ndarray:
+def _random_rows(data: Shard, k: int, rng: np.random.RandomState) -> np.ndarray:
     """``RandomState.choice(n, k, replace=False, p=w / w.sum())`` over distributed rows.
 
     The same rounds as NumPy: draw the missing number of points, drop repeats, zero the weight of
@@ -117,7 +117,7 @@ def _random_rows(data: _Shard, k: int, rng: np.random.RandomState) -> np.ndarray
     return found_rows
 
 
-def _kmeans_parallel(data: _Shard, k: int, rng: np.random.RandomState, stop: StopFlag | None) -> np.ndarray:
+def _kmeans_parallel(data: Shard, k: int, rng: np.random.RandomState, stop: StopFlag | None) -> np.ndarray:
     """k-means|| (Bahmani et al.): ``2k`` expected candidates per round for 5 rounds, weighted by
     the points closest to each, then reclustered on rank 0 by weighted k-means++ and Lloyd.
 
@@ -148,7 +148,7 @@ def _kmeans_parallel(data: _Shard, k: int, rng: np.random.RandomState, stop: Sto
             break
         key = int(rng.randint(0, 2**62, dtype=np.int64))
         picked = []
-        for s, e in _chunks(data.n_local, max(256, _SUM_ELEMENTS // max(d, 1))):
+        for s, e in chunks(data.n_local, max(256, SUM_ELEMENTS // max(d, 1))):
             u = _uniform_by_index(key, data.offset + s, data.offset + e)
             keep = np.flatnonzero(u * phi[0] < _OVERSAMPLING * k * data.weight_slice(s, e) * closest[s:e])
             if keep.size:
@@ -162,7 +162,7 @@ def _kmeans_parallel(data: _Shard, k: int, rng: np.random.RandomState, stop: Sto
             _update_nearest(data, new, candidates.shape[0], closest, nearest)
             candidates = np.concatenate([candidates, new])
     weights = np.zeros(candidates.shape[0])
-    for s, e in _chunks(data.n_local, _SUM_ELEMENTS):
+    for s, e in chunks(data.n_local, SUM_ELEMENTS):
         w = None if data.weights is None else data.weights[s:e]
         weights += np.bincount(nearest[s:e], weights=w, minlength=candidates.shape[0])
     data.comm.Allreduce(MPI.IN_PLACE, weights, op=MPI.SUM)
@@ -174,7 +174,7 @@ def _recluster(candidates: np.ndarray, weights: np.ndarray, k: int, seed: int) -
     """Weighted k-means++ then Lloyd over the k-means|| candidates, on one process."""
     from mpi4py import MPI
 
-    sub = _Shard.build(
+    sub = Shard.build(
         candidates,
         weights,
         candidates.sum(axis=0),
@@ -185,7 +185,7 @@ def _recluster(candidates: np.ndarray, weights: np.ndarray, k: int, seed: int) -
     )
     start = kmeans_plusplus(sub, k, np.random.RandomState(seed), None)
     if candidates.shape[0] > k:
-        start = _lloyd(sub, start, _RECLUSTER_MAX_ITER, sub.tol, None).centers
+        start = lloyd(sub, start, _RECLUSTER_MAX_ITER, sub.tol, None).centers
     # Back to the coordinates of the candidates (centred on the full data's mean).
     return start + sub.mean
 
@@ -195,7 +195,7 @@ def _recluster(candidates: np.ndarray, weights: np.ndarray, k: int, seed: int) -
 
 
 def _pick(
-    data: _Shard,
+    data: Shard,
     values: Callable[[int, int], np.ndarray],
     rank_totals: np.ndarray,
     thresholds: np.ndarray,
@@ -223,7 +223,7 @@ def _pick(
         local = np.full(order.size, data.n_local - 1, dtype=np.int64)
         running = starts[data.rank]
         pos = 0
-        for s, e in _chunks(data.n_local, 1 << 16):
+        for s, e in chunks(data.n_local, 1 << 16):
             # Prepending the running total makes the chunked cumsum the same sequential sum as
             # one np.cumsum over all rows.
             cum = np.cumsum(np.concatenate(([running], values(s, e))))[1:]
@@ -242,26 +242,26 @@ def _pick(
     return out[:, :d], out[:, d:]
 
 
-def _weights_of(data: _Shard) -> Callable[[int, int], np.ndarray]:
+def _weights_of(data: Shard) -> Callable[[int, int], np.ndarray]:
     return data.weight_slice
 
 
-def _weighted_values(data: _Shard, closest: np.ndarray) -> Callable[[int, int], np.ndarray]:
+def _weighted_values(data: Shard, closest: np.ndarray) -> Callable[[int, int], np.ndarray]:
     if data.weights is None:
         return lambda s, e: closest[s:e]
     return lambda s, e: data.weights[s:e] * closest[s:e]
 
 
-def _weighted_sum(data: _Shard, closest: np.ndarray) -> float:
+def _weighted_sum(data: Shard, closest: np.ndarray) -> float:
     if data.weights is None:
         return float(closest.sum(dtype=np.float64))
     total = 0.0
-    for s, e in _chunks(data.n_local, _SUM_ELEMENTS):
+    for s, e in chunks(data.n_local, SUM_ELEMENTS):
         total += float(closest[s:e] @ data.weights[s:e])
     return total
 
 
-def _gather_pots(data: _Shard, pots: np.ndarray, stop: StopFlag | None) -> np.ndarray:
+def _gather_pots(data: Shard, pots: np.ndarray, stop: StopFlag | None) -> np.ndarray:
     """Each rank's potentials (size, len(pots)); the stop flag rides along in the same allgather."""
     flag = 0.0 if stop is None else stop.value
     rows = data.comm.allgather(np.append(pots, flag))
@@ -272,17 +272,17 @@ def _gather_pots(data: _Shard, pots: np.ndarray, stop: StopFlag | None) -> np.nd
     return table[:, :-1]
 
 
-def _min_distances(data: _Shard, points: np.ndarray, visit: Callable[[int, int, np.ndarray], None]) -> None:
+def _min_distances(data: Shard, points: np.ndarray, visit: Callable[[int, int, np.ndarray], None]) -> None:
     """Call ``visit(s, e, dist)`` with the squared distances (len(points), e - s) of each chunk."""
     d = data.X.shape[1]
-    step = max(256, min(_SUM_ELEMENTS // max(d, 1), _BLOCK_ELEMENTS // max(points.shape[0], 1)))
-    for s, e in _chunks(data.n_local, step):
+    step = max(256, min(SUM_ELEMENTS // max(d, 1), BLOCK_ELEMENTS // max(points.shape[0], 1)))
+    for s, e in chunks(data.n_local, step):
         xc = np.subtract(data.X[s:e], data.mean, dtype=np.float64)
-        visit(s, e, _sq_distances(xc, points))
+        visit(s, e, sq_distances(xc, points))
 
 
 def _update_nearest(
-    data: _Shard, points: np.ndarray, first: int, closest: np.ndarray, nearest: np.ndarray
+    data: Shard, points: np.ndarray, first: int, closest: np.ndarray, nearest: np.ndarray
 ) -> None:
     def visit(s: int, e: int, dist: np.ndarray) -> None:
         best = dist.argmin(axis=0)

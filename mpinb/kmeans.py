@@ -6,14 +6,25 @@ import hashlib
 import math
 import numbers
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
-from mpinb._kmeans_kernels import kernels
+from mpinb._kmeans_lloyd import (
+    SUM_ELEMENTS,
+    Run,
+    Shard,
+    assign,
+    chunks,
+    lloyd,
+    local_inertia,
+    max_sq_norm,
+    rows_per_block,
+    same_clustering,
+    sq_distances,
+)
 from mpinb.errors import _is_int, _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
 from mpinb.live import Progress
@@ -21,22 +32,6 @@ from mpinb.live import Progress
 __all__ = ["KMeans"]
 
 _INITS = ("k-means++", "k-means||", "random")
-# The assignment step packs each cluster index into the low bits of its (shifted, non-negative)
-# squared distance and takes a pairwise minimum tree over the clusters; beyond this many clusters
-# the truncated bits would cost too much precision, so it falls back to ``argmin``.
-_PACKED_MAX_K = 4096
-# Rows per chunk of the assignment step: the (k, rows) distance block stays at about 512 KiB.
-_BLOCK_ELEMENTS = 1 << 16
-# Rows per slice when summing rows per cluster through a sparse indicator (bounds the float64 copy
-# SciPy makes of a float32 slice).
-_SUM_ELEMENTS = 1 << 16
-# Rows per chunk of the compiled assignment step: the (rows, k) GEMM output stays at about 128 KiB,
-# which measured faster than larger blocks (it is scanned again by the argmin kernel while cached).
-_JIT_BLOCK_ELEMENTS = 1 << 14
-# Below this fraction of changed labels, the cluster sums are updated from the changed rows only.
-_INCREMENTAL_FRACTION = 0.2
-# Stands in for unit weights in the compiled kernels (which take a flag instead of None).
-_NO_WEIGHTS = np.empty(0)
 
 
 class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
@@ -169,22 +164,22 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                     _raise_nonfinite(X)
             check_same(_describe_params(params), "the KMeans configuration", comm=comm)
             check_same(X.shape[1], "the number of features (columns of X_local)", comm=comm)
-            data = _Shard.build(
+            data = Shard.build(
                 X, weights, local_sum, n_clusters=params["n_clusters"], init=params["init"], tol=params["tol"], comm=comm
             )
 
             from mpinb._kmeans_init import initial_centers, resolve_random_state
 
             rng = resolve_random_state(self.random_state, comm)
-            best: _Run | None = None
+            best: Run | None = None
             for run in range(params["n_init"]):
                 start = initial_centers(data, params["init"], params["n_clusters"], rng, stop)
                 # Rank 0 publishes each run's inertia curve to the notebook (mpinb.live.watch).
                 with Progress("inertia", total=params["max_iter"], comm=comm) as progress:
                     hook = _publishing_hook(progress, self._on_iteration)
-                    result = _lloyd(data, start, params["max_iter"], data.tol, stop, hook, run)
+                    result = lloyd(data, start, params["max_iter"], data.tol, stop, hook, run)
                 if best is None or (
-                    result.inertia < best.inertia and not _same_clustering(result, best, data)
+                    result.inertia < best.inertia and not same_clustering(result, best, data)
                 ):
                     best = result
         assert best is not None
@@ -234,7 +229,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         centers = np.asarray(self.cluster_centers_, dtype=np.float64)
         mean = centers.mean(axis=0)
         labels = np.empty(X.shape[0], dtype=np.int32)
-        _assign(X, centers - mean, mean, _max_sq_norm(X, mean), labels)
+        assign(X, centers - mean, mean, max_sq_norm(X, mean), labels)
         return labels
 
     def transform(self, X: Any) -> np.ndarray:
@@ -255,8 +250,8 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         centers = np.asarray(self.cluster_centers_, dtype=np.float64)
         mean = centers.mean(axis=0)
         out = np.empty((X.shape[0], centers.shape[0]), dtype=np.float64)
-        for s, e in _chunks(X.shape[0], _rows_per_block(centers.shape[0])):
-            out[s:e] = _sq_distances(np.subtract(X[s:e], mean, dtype=np.float64), centers - mean).T
+        for s, e in chunks(X.shape[0], rows_per_block(centers.shape[0])):
+            out[s:e] = sq_distances(np.subtract(X[s:e], mean, dtype=np.float64), centers - mean).T
         return np.sqrt(out, out=out)
 
     def fit_transform(self, X_local: Any, y: Any = None, sample_weight: Any = None) -> np.ndarray:
@@ -288,7 +283,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             X = self._check_input(X_local)
             weights = _as_weights(sample_weight, X.shape[0])
             labels = self.predict(X)
-            local = _inertia(X, weights, np.asarray(self.cluster_centers_, dtype=np.float64), labels)
+            local = local_inertia(X, weights, np.asarray(self.cluster_centers_, dtype=np.float64), labels)
         from mpi4py import MPI
 
         total = np.array([local])
@@ -376,223 +371,6 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         }
 
 
-# ----------------------------------------------------------------------------------------------
-# The shard and its global summary
-
-
-@dataclass
-class _Shard:
-    """This rank's rows and the global facts every step needs (identical on all ranks)."""
-
-    X: np.ndarray
-    weights: np.ndarray | None  # None means unit weights, without an n-row array of ones
-    comm: Any
-    rank: int
-    size: int
-    counts: np.ndarray  # rows per rank
-    weight_sums: np.ndarray  # weight per rank
-    positive: np.ndarray  # rows with positive weight per rank
-    offset: int  # global index of this rank's first row
-    mean: np.ndarray  # global unweighted mean, the centring point
-    max_sq_norm: float  # max over all rows of |x - mean|^2
-    sq_norm_total: float  # sum over all rows of weight * |x - mean|^2
-    tol: float  # absolute tolerance on the summed squared centre shift
-    out_dtype: np.dtype
-
-    @property
-    def n_local(self) -> int:
-        return int(self.X.shape[0])
-
-    @property
-    def n_total(self) -> int:
-        return int(self.counts.sum())
-
-    def weight_slice(self, s: int, e: int) -> np.ndarray:
-        if self.weights is None:
-            return np.ones(e - s)
-        return self.weights[s:e]
-
-    @classmethod
-    def build(
-        cls,
-        X: np.ndarray,
-        weights: np.ndarray | None,
-        local_sum: np.ndarray,
-        *,
-        n_clusters: int,
-        init: Any,
-        tol: float,
-        comm: Any,
-    ) -> _Shard:
-        """Two passes over the shard and four small collectives: counts, mean, variance, norms."""
-        n, d = X.shape
-        wsum = float(n) if weights is None else float(weights.sum())
-        npos = n if weights is None else int(np.count_nonzero(weights > 0))
-        table = np.array(comm.allgather((n, wsum, npos, X.dtype == np.float32)), dtype=np.float64)
-        counts, weight_sums, positive = table[:, 0].astype(np.int64), table[:, 1], table[:, 2].astype(np.int64)
-        rank, size = comm.Get_rank(), comm.Get_size()
-        k, total = n_clusters, int(counts.sum())
-        where = f"across {size} ranks" if size > 1 else "on the only rank"
-        # These decisions use allgathered values, so every rank raises the same error.
-        if total < k:
-            raise ValueError(
-                f"n_clusters must be <= the total number of samples ({total:,} {where}); got {k:,}."
-            )
-        if not weight_sums.sum() > 0:
-            raise ValueError(
-                "sample_weight sums to 0 over all ranks; at least one sample needs a positive weight."
-            )
-        if isinstance(init, str) and init == "random" and positive.sum() < k:
-            raise ValueError(
-                f"init='random' needs at least n_clusters={k} samples with positive weight; there are "
-                f"{int(positive.sum())} {where}."
-            )
-        from mpi4py import MPI
-
-        sums = local_sum.copy()
-        comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
-        mean = sums / total
-        # Second pass, centred: per-feature variance (for tol), the largest squared norm (for the
-        # packed assignment) and the weighted total (for the per-iteration inertia).
-        stats = np.zeros(d + 1)
-        biggest = np.zeros(1)
-        jit = kernels()
-        if jit is not None:
-            unit = weights is None
-            biggest[0] = jit.centred_stats(X, mean, _NO_WEIGHTS if unit else weights, not unit, stats)
-        else:
-            for s, e in _chunks(n, max(256, _SUM_ELEMENTS // max(d, 1))):
-                xc = np.subtract(X[s:e], mean, dtype=np.float64)
-                sq = np.einsum("ij,ij->i", xc, xc)
-                stats[:d] += np.einsum("ij,ij->j", xc, xc)
-                stats[d] += sq.sum() if weights is None else sq @ weights[s:e]
-                biggest[0] = max(biggest[0], sq.max(initial=0.0))
-        comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.SUM)
-        comm.Allreduce(MPI.IN_PLACE, biggest, op=MPI.MAX)
-        tol = float(np.mean(stats[:d] / total) * tol) if tol else 0.0
-        return cls(
-            X=X,
-            weights=weights,
-            comm=comm,
-            rank=rank,
-            size=size,
-            counts=counts,
-            weight_sums=weight_sums,
-            positive=positive,
-            offset=int(counts[:rank].sum()),
-            mean=mean,
-            max_sq_norm=float(biggest[0]),
-            sq_norm_total=float(stats[d]),
-            tol=tol,
-            out_dtype=np.dtype(np.float32) if table[:, 3].all() else np.dtype(np.float64),
-        )
-
-
-# ----------------------------------------------------------------------------------------------
-# Lloyd iterations
-
-
-@dataclass
-class _Run:
-    centers: np.ndarray  # centred coordinates
-    labels: np.ndarray
-    inertia: float
-    n_iter: int
-    history: list[float]
-    counts: np.ndarray  # global number of rows per cluster
-
-
-def _lloyd(
-    data: _Shard,
-    centers: np.ndarray,
-    max_iter: int,
-    tol: float,
-    stop: StopFlag | None,
-    hook: Callable[[dict[str, Any]], None] | None = None,
-    run: int = 0,
-) -> _Run:
-    """scikit-learn's ``_kmeans_single_lloyd`` over distributed rows, one Allreduce per iteration."""
-    from mpi4py import MPI
-
-    X, comm, mean = data.X, data.comm, data.mean
-    k, d = centers.shape
-    n = data.n_local
-    labels = np.full(n, -1, dtype=np.int32)
-    limit = int(_INCREMENTAL_FRACTION * n)
-    track = (np.empty(limit, dtype=np.int32 if n < 2**31 else np.int64), np.empty(limit, dtype=np.int32))
-    sums = np.zeros((k, d))  # local, raw coordinates
-    weights = np.zeros(k)
-    members = np.zeros(k)  # local rows with positive weight, exact in float64
-    # The one buffer reduced per iteration: [sums | weights | members | changed | stop].
-    packed = np.empty(k * d + 2 * k + 2)
-    history: list[float] = []
-    strict = False
-    centers = np.array(centers, dtype=np.float64)
-    i = 0
-    for i in range(max_iter):  # noqa: B007 - i is the iteration count after the loop
-        changes = _assign(X, centers, mean, data.max_sq_norm, labels, track=track)
-        _update_sums(data, labels, changes, sums, weights, members)
-        packed[: k * d] = sums.reshape(-1)
-        packed[k * d : k * d + k] = weights
-        packed[k * d + k : k * d + 2 * k] = members
-        packed[-2] = changes.n_changed
-        packed[-1] = 0.0 if stop is None else stop.value
-        comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM)
-        if packed[-1] > 0:
-            assert stop is not None
-            stop.raise_interrupt(f"mpinb.KMeans.fit (run {run + 1}, iteration {i + 1})")
-        g_weights = packed[k * d : k * d + k].copy()
-        g_members = packed[k * d + k : k * d + 2 * k]
-        n_changed = int(packed[-2])
-        # Centred sums: sum w (x - mean) = sum w x - W mean.
-        g_sums = packed[: k * d].reshape(k, d) - g_weights[:, None] * mean
-        empty = g_members == 0
-        g_weights[empty] = 0.0
-        g_sums[empty] = 0.0
-        inertia = data.sq_norm_total - 2.0 * float(np.sum(centers * g_sums)) + float(
-            g_weights @ np.einsum("ij,ij->i", centers, centers)
-        )
-        history.append(max(inertia, 0.0))
-        if empty.any():
-            _relocate_empty(data, centers, labels, g_sums, g_weights)
-        new_centers = g_sums.copy()
-        full = g_weights > 0
-        new_centers[full] *= (1.0 / g_weights[full])[:, None]
-        shift = float(np.sum((new_centers - centers) ** 2))
-        centers = new_centers
-        if hook is not None:
-            hook(
-                {
-                    "run": run,
-                    "iteration": i + 1,
-                    "inertia": history[-1],
-                    "n_changed": n_changed,
-                    "center_shift": shift,
-                    "centers": centers + mean,
-                    "stop": stop,
-                }
-            )
-        if n_changed == 0:
-            strict = True
-            break
-        if shift <= tol:
-            break
-    if not strict:
-        # Labels must match the final centres.
-        _assign(X, centers, mean, data.max_sq_norm, labels)
-    final = np.zeros(k + 1)
-    jit = kernels()
-    if jit is not None:
-        unit = data.weights is None
-        w = _NO_WEIGHTS if unit else data.weights
-        final[k] = jit.inertia_counts(X, w, not unit, centers + mean, labels, final[:k])
-    else:
-        final[:k] = _count(labels, k)
-        final[k] = _inertia(X, data.weights, centers + mean, labels)
-    comm.Allreduce(MPI.IN_PLACE, final, op=MPI.SUM)
-    return _Run(centers, labels, float(final[k]), i + 1, history, final[:k])
-
-
 def _publishing_hook(
     progress: Progress, user_hook: Callable[[dict[str, Any]], None] | None
 ) -> Callable[[dict[str, Any]], None]:
@@ -602,318 +380,6 @@ def _publishing_hook(
             user_hook(info)
 
     return hook
-
-
-def _same_clustering(a: _Run, b: _Run, data: _Shard) -> bool:
-    """scikit-learn's ``_is_same_clustering`` (a's labels map onto b's), decided over all ranks."""
-    k = a.centers.shape[0]
-    mapping = np.full(k, -1, dtype=np.int64)
-    ok = True
-    for s, e in _chunks(a.labels.size, _SUM_ELEMENTS):
-        la, lb = a.labels[s:e], b.labels[s:e]
-        seen, first = np.unique(la, return_index=True)
-        unset = mapping[seen] < 0
-        mapping[seen[unset]] = lb[first[unset]]
-        if not np.array_equal(mapping[la], lb):
-            ok = False
-            break
-    verdicts = data.comm.allgather((ok, mapping))
-    if not all(flag for flag, _ in verdicts):
-        return False
-    merged = np.full(k, -1, dtype=np.int64)
-    for _, m in verdicts:
-        both = (merged >= 0) & (m >= 0)
-        if np.any(merged[both] != m[both]):
-            return False
-        merged[m >= 0] = m[m >= 0]
-    return True
-
-
-@dataclass
-class _Changes:
-    n_changed: int
-    rows: np.ndarray | None  # local indices of changed rows, or None when too many to track
-    old: np.ndarray | None
-
-
-def _assign(
-    X: np.ndarray,
-    centers: np.ndarray,
-    mean: np.ndarray,
-    max_sq_norm: float,
-    labels: np.ndarray,
-    track: tuple[np.ndarray, np.ndarray] | None = None,
-) -> _Changes:
-    """Nearest centre of every row, in chunks, writing ``labels`` in place.
-
-    ``centers`` are centred (``c - mean``). The distance block of a chunk is computed as
-    ``S + |c'|^2 + 2 mean.c' - 2 x.c'`` = ``S + |x' - c'|^2 - |x'|^2``, which is non-negative for
-    ``S >= max |x'|^2``; a non-negative double orders like its bit pattern as an integer, so the
-    cluster index fits in the low bits and a pairwise ``minimum`` tree over the clusters yields
-    the argmin (lowest index on ties) far faster than ``argmin`` along a short axis.
-    With ``track=(rows, old)`` buffers, the changed rows and their old labels are recorded there
-    (for an incremental update of the sums) until the buffers are full.
-    """
-    n = X.shape[0]
-    k, d = centers.shape
-    single = X.dtype == np.float32
-    gemm_dtype = np.float32 if single else np.float64
-    c2 = (-2.0 * centers).astype(gemm_dtype)
-    # Per-cluster constant: |c'|^2 + 2 mean.c' (because x is used uncentred in the product).
-    q = np.einsum("ij,ij->i", centers, centers) + 2.0 * (centers @ mean)
-    jit = kernels()
-    if jit is not None:
-        return _assign_compiled(jit, X, c2, q, labels, track)
-    packed = k <= _PACKED_MAX_K
-    n_changed = 0
-    recorded = 0  # -1 once the changes no longer fit the buffers
-    block = _rows_per_block(k)
-    if packed:
-        bits = (k - 1).bit_length()
-        mask = np.int64((1 << bits) - 1)
-        eps = np.finfo(gemm_dtype).eps
-        cmax = float(np.sqrt(np.max(np.einsum("ij,ij->i", centers, centers))))
-        xmax = float(np.linalg.norm(mean)) + math.sqrt(max_sq_norm)
-        # Shift making every entry non-negative, with a margin for the GEMM's round-off.
-        shift = max_sq_norm * (1 + 1e-6) + 8 * (d + 2) * eps * (xmax * cmax + cmax * cmax) + 1e-300
-        template = np.repeat((q + shift)[:, None], min(block, max(n, 1)), axis=1)
-        index = np.repeat(np.arange(k, dtype=np.int64)[:, None], template.shape[1], axis=1)
-    else:
-        template = np.repeat(q[None, :], min(block, max(n, 1)), axis=0)
-    full_block = None
-    for s, e in _chunks(n, block):
-        m = e - s
-        if packed:
-            if full_block is None or full_block.shape[1] != m:
-                full_block = np.empty((k, m))
-                low = np.empty((k, m), dtype=np.float32) if single else None
-            out = full_block
-            if single:
-                np.dot(c2, X[s:e].T, out=low)
-                np.add(low, template[:, :m], out=out)
-            else:
-                np.dot(c2, X[s:e].T, out=out)
-                np.add(out, template[:, :m], out=out)
-            keys = out.view(np.int64)
-            np.bitwise_and(keys, ~mask, out=keys)
-            np.bitwise_or(keys, index[:, :m], out=keys)
-            width = k
-            while width > 1:
-                half = width // 2
-                if width % 2:
-                    np.minimum(keys[0], keys[width - 1], out=keys[0])
-                np.minimum(keys[:half], keys[half : 2 * half], out=keys[:half])
-                width = half
-            new = keys[0] & mask
-        else:
-            dist = np.dot(X[s:e], c2.T).astype(np.float64, copy=False)
-            dist += template[:m]
-            new = dist.argmin(axis=1)
-        old = labels[s:e]
-        if track is not None:
-            differ = new != old
-            count = int(np.count_nonzero(differ))
-            n_changed += count
-            if count and recorded >= 0:
-                if recorded + count <= track[0].size:
-                    where = np.flatnonzero(differ)
-                    np.add(where, s, out=track[0][recorded : recorded + count], casting="unsafe")
-                    track[1][recorded : recorded + count] = old[where]
-                    recorded += count
-                else:
-                    recorded = -1
-        old[:] = new
-    if track is None or recorded < 0:
-        return _Changes(n_changed, None, None)
-    return _Changes(n_changed, track[0][:recorded], track[1][:recorded])
-
-
-def _assign_compiled(
-    jit: Any, X: np.ndarray, c2: np.ndarray, q: np.ndarray, labels: np.ndarray,
-    track: tuple[np.ndarray, np.ndarray] | None,
-) -> _Changes:
-    """``_assign`` with the argmin and change tracking in one compiled pass per GEMM chunk.
-
-    The same distances as the NumPy path (``q - 2 x.c'``, the GEMM in the data's precision and
-    the sum in float64), but an exact argmin: no index bits packed into the distances.
-    """
-    n = X.shape[0]
-    k = c2.shape[0]
-    block = int(min(8192, max(256, _JIT_BLOCK_ELEMENTS // max(k, 1))))
-    c2t = np.ascontiguousarray(c2.T)
-    buf = np.empty((min(block, max(n, 1)), k), dtype=c2.dtype)
-    if track is None:
-        rows, old = np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int32)
-        recorded = -1
-    else:
-        (rows, old), recorded = track, 0
-    q = np.ascontiguousarray(q, dtype=np.float64)
-    n_changed = 0
-    for s, e in _chunks(n, block):
-        out = buf[: e - s]
-        np.dot(X[s:e], c2t, out=out)
-        changed, recorded = jit.argmin_rows(out, q, labels[s:e], s, rows, old, recorded)
-        n_changed += changed
-    if track is None or recorded < 0:
-        return _Changes(n_changed, None, None)
-    return _Changes(n_changed, rows[:recorded], old[:recorded])
-
-
-def _update_sums(
-    data: _Shard, labels: np.ndarray, changes: _Changes, sums: np.ndarray, weights: np.ndarray, members: np.ndarray
-) -> None:
-    """Local per-cluster sums (raw coordinates, float64), weights and positive-weight members.
-
-    After the first iterations only a few labels change, so the sums are updated from the changed
-    rows alone (added to the new cluster, removed from the old); with many changes they are
-    recomputed. A cluster left without members is reset to exact zeros so round-off cannot
-    accumulate there.
-    """
-    X, w = data.X, data.weights
-    k, d = sums.shape
-    jit = kernels()
-    if jit is not None:
-        wv = _NO_WEIGHTS if w is None else w
-        if changes.rows is None:
-            sums[:] = 0.0
-            weights[:] = 0.0
-            members[:] = 0.0
-            jit.sums_full(X, wv, w is not None, labels, sums, weights, members)
-            return
-        jit.sums_delta(X, wv, w is not None, changes.rows, changes.old, labels, sums, weights, members)
-        gone = members == 0
-        sums[gone] = 0.0
-        weights[gone] = 0.0
-        return
-    import scipy.sparse as sp
-
-    if changes.rows is None:
-        sums[:] = 0.0
-        weights[:] = 0.0
-        members[:] = 0.0
-        step = max(1024, _SUM_ELEMENTS // max(d, 1))
-        for s, e in _chunks(data.n_local, step):
-            m = e - s
-            ws = data.weight_slice(s, e)
-            lab = labels[s:e]
-            indicator = sp.csc_matrix((ws, lab, np.arange(m + 1)), shape=(k, m))
-            sums += indicator @ X[s:e]
-            weights += np.bincount(lab, weights=ws, minlength=k)
-            members += np.bincount(lab, minlength=k) if w is None else np.bincount(lab[ws > 0], minlength=k)
-        return
-    rows, old = changes.rows, changes.old
-    step = max(1024, _SUM_ELEMENTS // max(d, 1))
-    for s, e in _chunks(rows.size, step):
-        idx = rows[s:e]
-        m = e - s
-        new_l, old_l = labels[idx], old[s:e]
-        ws = np.ones(m) if w is None else w[idx]
-        # One column per changed row: +w in its new cluster, -w in its old one.
-        values = np.stack([ws, -ws], axis=1).reshape(-1)
-        index = np.stack([new_l, old_l], axis=1).reshape(-1)
-        indicator = sp.csc_matrix((values, index, np.arange(0, 2 * m + 1, 2)), shape=(k, m))
-        sums += indicator @ X[idx]
-        weights += np.bincount(new_l, weights=ws, minlength=k) - np.bincount(old_l, weights=ws, minlength=k)
-        positive = ws > 0
-        members += np.bincount(new_l[positive], minlength=k) - np.bincount(old_l[positive], minlength=k)
-    gone = members == 0
-    sums[gone] = 0.0
-    weights[gone] = 0.0
-
-
-def _relocate_empty(
-    data: _Shard, centers: np.ndarray, labels: np.ndarray, sums: np.ndarray, weights: np.ndarray
-) -> None:
-    """Move each empty cluster to one of the points farthest from their centre, over all ranks.
-
-    Collective (one allgather, only in iterations that found an empty cluster). Mirrors
-    scikit-learn's ``_relocate_empty_clusters_dense`` on the centred sums; the farthest points are
-    taken in decreasing distance, ties by global row index.
-    """
-    empty = np.flatnonzero(weights == 0)
-    n_empty = empty.size
-    X, mean = data.X, data.mean
-    d = X.shape[1]
-    n = data.n_local
-    # Local candidates: the n_empty farthest rows from their assigned (old) centre.
-    best_dist = np.empty(0)
-    best_rows = np.empty(0, dtype=np.int64)
-    for s, e in _chunks(n, max(256, _SUM_ELEMENTS // max(d, 1))):
-        diff = np.subtract(X[s:e], mean, dtype=np.float64)
-        diff -= centers[labels[s:e]]
-        dist = np.einsum("ij,ij->i", diff, diff)
-        best_dist = np.concatenate([best_dist, dist])
-        best_rows = np.concatenate([best_rows, np.arange(s, e)])
-        if best_dist.size > n_empty:
-            keep = np.argpartition(-best_dist, n_empty - 1)[:n_empty]
-            best_dist, best_rows = best_dist[keep], best_rows[keep]
-    rows = np.subtract(X[best_rows], mean, dtype=np.float64).reshape(-1, d)
-    local_w = np.ones(best_rows.size) if data.weights is None else data.weights[best_rows]
-    mine = (best_dist, best_rows + data.offset, local_w, labels[best_rows].astype(np.int64), rows)
-    gathered = data.comm.allgather(mine)
-    dist = np.concatenate([g[0] for g in gathered])
-    if dist.size == 0 or dist.max() == 0:
-        # More clusters than distinct points: relocating is pointless (as in scikit-learn).
-        return
-    gidx = np.concatenate([g[1] for g in gathered])
-    w = np.concatenate([g[2] for g in gathered])
-    old = np.concatenate([g[3] for g in gathered])
-    xs = np.concatenate([g[4] for g in gathered])
-    order = np.lexsort((gidx, -dist))[:n_empty]
-    for new_id, far in zip(empty, order):
-        sums[old[far]] -= xs[far] * w[far]
-        sums[new_id] = xs[far] * w[far]
-        weights[new_id] = w[far]
-        weights[old[far]] -= w[far]
-
-
-def _inertia(X: np.ndarray, weights: np.ndarray | None, centers: np.ndarray, labels: np.ndarray) -> float:
-    """Local weighted sum of squared distances to the assigned centres (raw coordinates)."""
-    total = 0.0
-    d = X.shape[1]
-    for s, e in _chunks(X.shape[0], max(256, _SUM_ELEMENTS // max(d, 1))):
-        diff = np.subtract(X[s:e], centers[labels[s:e]], dtype=np.float64)
-        sq = np.einsum("ij,ij->i", diff, diff)
-        total += float(sq.sum() if weights is None else sq @ weights[s:e])
-    return total
-
-
-# ----------------------------------------------------------------------------------------------
-# Small helpers
-
-
-def _sq_distances(xc: np.ndarray, cc: np.ndarray) -> np.ndarray:
-    """Squared distances (len(cc), len(xc)) of centred rows to centred points, as scikit-learn's
-    ``euclidean_distances``: ``-2 c.x + |c|^2 + |x|^2``, clipped at zero."""
-    dist = -2.0 * (cc @ xc.T)
-    dist += np.einsum("ij,ij->i", cc, cc)[:, None]
-    dist += np.einsum("ij,ij->i", xc, xc)[None, :]
-    return np.maximum(dist, 0.0, out=dist)
-
-
-def _max_sq_norm(X: np.ndarray, mean: np.ndarray) -> float:
-    biggest = 0.0
-    for s, e in _chunks(X.shape[0], max(256, _SUM_ELEMENTS // max(X.shape[1], 1))):
-        xc = np.subtract(X[s:e], mean, dtype=np.float64)
-        biggest = max(biggest, float(np.einsum("ij,ij->i", xc, xc).max(initial=0.0)))
-    return biggest
-
-
-def _count(labels: np.ndarray, k: int) -> np.ndarray:
-    """Rows per label, in chunks (``np.bincount`` would copy int32 labels to int64 at once)."""
-    counts = np.zeros(k)
-    for s, e in _chunks(labels.size, _SUM_ELEMENTS):
-        counts += np.bincount(labels[s:e], minlength=k)
-    return counts
-
-
-def _rows_per_block(k: int) -> int:
-    return int(min(8192, max(256, _BLOCK_ELEMENTS // max(k, 1))))
-
-
-def _chunks(n: int, step: int):
-    for s in range(0, n, step):
-        yield s, min(s + step, n)
 
 
 def _as_data(X: Any) -> np.ndarray:
@@ -954,7 +420,7 @@ def _as_weights(sample_weight: Any, n: int) -> np.ndarray | None:
 
 
 def _raise_nonfinite(X: np.ndarray) -> None:
-    for s, e in _chunks(X.shape[0], max(256, _SUM_ELEMENTS // max(X.shape[1], 1))):
+    for s, e in chunks(X.shape[0], max(256, SUM_ELEMENTS // max(X.shape[1], 1))):
         bad = ~np.isfinite(X[s:e])
         if bad.any():
             row = s + int(np.flatnonzero(bad.any(axis=1))[0])

@@ -7,12 +7,12 @@ import signal
 from collections import Counter
 from typing import Any
 
+import kmeans_cases
 import numpy as np
 import pytest
 from mpi4py import MPI
 from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 from sklearn.cluster import KMeans as SkKMeans
-from sklearn.datasets import load_digits, load_iris, make_blobs
 
 import mpinb
 from mpinb import CollectiveMismatchError, KMeans
@@ -29,22 +29,10 @@ def local(*arrays: np.ndarray) -> Any:
 
 
 def blobs(per_rank: int = 600, d: int = 5, centers: int = 6, std: float = 3.0, seed: int = 0) -> np.ndarray:
-    return make_blobs(per_rank * SIZE, d, centers=centers, cluster_std=std, random_state=seed)[0]
+    return kmeans_cases.blobs(per_rank * SIZE, d, centers, std, seed)
 
 
-def forced_empty() -> tuple[np.ndarray, np.ndarray]:
-    X = blobs(500, 4, 5, 2.0, seed=3)
-    init = X[:5].copy()
-    init[4] = init[3]  # the duplicate gets no point in the first iteration
-    return X, init
-
-
-CASES = {
-    "iris": lambda: (load_iris().data, load_iris().data[:3].copy()),
-    "digits": lambda: (load_digits().data, load_digits().data[:10].copy()),
-    "blobs": lambda: (blobs(), blobs()[:6].copy()),
-    "empty-cluster": forced_empty,
-}
+CASES = kmeans_cases.agreement_cases(600 * SIZE, 500 * SIZE)
 
 
 def assert_matches(ours: KMeans, ref: Any, X: np.ndarray, rtol: float = 1e-10) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 import tracemalloc
 
+import kmeans_cases
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -15,7 +16,7 @@ from sklearn.datasets import load_digits, load_iris, make_blobs
 from sklearn.exceptions import NotFittedError
 
 import mpinb
-import mpinb.kmeans as kmeans_module
+import mpinb._kmeans_lloyd as lloyd_module
 from mpinb import KMeans
 from mpinb._kmeans_kernels import kernels
 
@@ -23,32 +24,17 @@ SELF = MPI.COMM_SELF
 
 
 def blobs(n=3000, d=5, centers=6, std=3.0, seed=0):
-    """Overlapping blobs: many points near cluster boundaries."""
-    return make_blobs(n, d, centers=centers, cluster_std=std, random_state=seed)[0]
+    return kmeans_cases.blobs(n, d, centers, std, seed)
 
 
-def forced_empty():
-    """Two identical initial centres: the second gets no point in the first iteration, so it is
-    relocated to the farthest point."""
-    X = blobs(2000, 4, 5, 2.0, seed=3)
-    init = X[:5].copy()
-    init[4] = init[3]
-    return X, init
-
-
-CASES = {
-    "iris": lambda: (load_iris().data, load_iris().data[:3].copy()),
-    "digits": lambda: (load_digits().data, load_digits().data[:10].copy()),
-    "blobs": lambda: (blobs(), blobs()[:6].copy()),
-    "empty-cluster": forced_empty,
-}
+CASES = kmeans_cases.agreement_cases(3000, 2000)
 
 
 @pytest.fixture(params=["compiled", "numpy"])
 def kernel_path(request, monkeypatch):
     """Run a test on the numba kernels and on the NumPy fallback (numba is optional)."""
     if request.param == "numpy":
-        monkeypatch.setattr(kmeans_module, "kernels", lambda: None)
+        monkeypatch.setattr(lloyd_module, "kernels", lambda: None)
     elif kernels() is None:
         pytest.skip("numba is not installed: only the NumPy path runs")
     return request.param
@@ -198,7 +184,7 @@ def test_matches_sklearn_from_same_init(case, kernel_path):
 
 
 def test_forced_empty_cluster_is_relocated(kernel_path):
-    X, init = forced_empty()
+    X, init = kmeans_cases.forced_empty(2000)
     seen = []
     km = KMeans(5, init=init, comm=SELF)
     km._on_iteration = lambda info: seen.append(info["centers"])
@@ -271,10 +257,10 @@ def test_on_iteration_hook():
 
 
 def test_packed_assignment_matches_argmin(monkeypatch):
-    monkeypatch.setattr(kmeans_module, "kernels", lambda: None)
+    monkeypatch.setattr(lloyd_module, "kernels", lambda: None)
     X = load_digits().data
     packed = KMeans(10, init=X[:10], comm=SELF).fit(X)
-    monkeypatch.setattr(kmeans_module, "_PACKED_MAX_K", 0)
+    monkeypatch.setattr(lloyd_module, "PACKED_MAX_K", 0)
     plain = KMeans(10, init=X[:10], comm=SELF).fit(X)
     np.testing.assert_array_equal(packed.labels_, plain.labels_)
     np.testing.assert_allclose(packed.cluster_centers_, plain.cluster_centers_, rtol=1e-12)
@@ -283,7 +269,7 @@ def test_packed_assignment_matches_argmin(monkeypatch):
 def test_incremental_sums_match_recomputed_sums(monkeypatch, kernel_path):
     X = blobs(20000, 6, 12, 3.0, seed=7)
     incremental = KMeans(12, init=X[:12], tol=0, comm=SELF).fit(X)
-    monkeypatch.setattr(kmeans_module, "_INCREMENTAL_FRACTION", 0.0)
+    monkeypatch.setattr(lloyd_module, "_INCREMENTAL_FRACTION", 0.0)
     fresh = KMeans(12, init=X[:12], tol=0, comm=SELF).fit(X)
     assert incremental.n_iter_ == fresh.n_iter_ > 5
     np.testing.assert_array_equal(incremental.labels_, fresh.labels_)
@@ -297,7 +283,7 @@ def test_compiled_kernels_match_numpy_path(monkeypatch, dtype):
     w = np.random.default_rng(1).uniform(0, 2, len(X))
     w[::5] = 0.0
     compiled = KMeans(12, init=X[:12], tol=0, comm=SELF).fit(X, sample_weight=w)
-    monkeypatch.setattr(kmeans_module, "kernels", lambda: None)
+    monkeypatch.setattr(lloyd_module, "kernels", lambda: None)
     plain = KMeans(12, init=X[:12], tol=0, comm=SELF).fit(X, sample_weight=w)
     assert compiled.n_iter_ == plain.n_iter_
     np.testing.assert_array_equal(compiled.labels_, plain.labels_)

@@ -1,0 +1,33 @@
+"""Data the k-means tests share, in one process and under MPI: overlapping blobs, a start that
+forces an empty cluster, and the cases compared with scikit-learn."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from sklearn.datasets import load_digits, load_iris, make_blobs
+
+
+def blobs(n: int, d: int = 5, centers: int = 6, std: float = 3.0, seed: int = 0) -> np.ndarray:
+    """Overlapping blobs: many points near cluster boundaries."""
+    return make_blobs(n, d, centers=centers, cluster_std=std, random_state=seed)[0]
+
+
+def forced_empty(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two identical initial centres: the second gets no point in the first iteration, so it is
+    relocated to the farthest point."""
+    X = blobs(n, 4, 5, 2.0, seed=3)
+    init = X[:5].copy()
+    init[4] = init[3]
+    return X, init
+
+
+def agreement_cases(n_blobs: int, n_empty: int) -> dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]]:
+    """(X, init) makers for the comparisons with scikit-learn from the same start."""
+    return {
+        "iris": lambda: (load_iris().data, load_iris().data[:3].copy()),
+        "digits": lambda: (load_digits().data, load_digits().data[:10].copy()),
+        "blobs": lambda: (blobs(n_blobs), blobs(n_blobs)[:6].copy()),
+        "empty-cluster": lambda: forced_empty(n_empty),
+    }
