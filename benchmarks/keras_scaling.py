@@ -189,7 +189,7 @@ def ratios(rows: list[dict], batches: list[int], executions: list[int]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", default="256,1024", help="global batch sizes")
+    parser.add_argument("--batches", default="256,1024,2048", help="global batch sizes")
     parser.add_argument("--executions", default="1,8", help="steps_per_execution values (compile argument)")
     parser.add_argument("--modes", default="independent,lockstep,fused,weights", help="modes at 2 ranks (see the docstring)")
     parser.add_argument("--steps", type=int, default=32, help="steps per timed epoch (a multiple of every execution length)")

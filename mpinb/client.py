@@ -247,7 +247,6 @@ class MPICluster:
         :meth:`restart` then.
         """
         import signal as _signal
-
         import socket
 
         here = socket.gethostname()

@@ -285,8 +285,8 @@ class _Call:
             tail = f"waiting for {waiting}; {_ranks(arrived)} arrived."
         else:
             tail = (
-                f"every rank entered it, yet it did not complete (a rank may be stuck in a non-mpinb "
-                f"collective, or ranks issued collectives on this communicator in different orders)."
+                "every rank entered it, yet it did not complete (a rank may be stuck in a non-mpinb "
+                "collective, or ranks issued collectives on this communicator in different orders)."
             )
         return CollectiveTimeout(
             f"{head}: {tail} This communicator is now unusable: use a fresh one.",

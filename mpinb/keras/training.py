@@ -265,7 +265,7 @@ def _fit(model: Any, x: Any, y: Any, batch_size: int, epochs: int, validation_da
         try:
             stopper.raise_if_stopped()
         except BaseException as err:
-            err.add_note(f"mpinb: the history up to the stop is in this exception's .history")
+            err.add_note("mpinb: the history up to the stop is in this exception's .history")
             err.history = history  # type: ignore[attr-defined]
             raise
     return history

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from conftest import PERMUTED_ENGINE
 
 import mpinb
-from conftest import PERMUTED_ENGINE, cluster_processes
 
 
 @pytest.fixture(scope="module")

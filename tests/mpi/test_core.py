@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 
 import numpy as np
 import pytest
 from mpi4py import MPI
+from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
-from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()

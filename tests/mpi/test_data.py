@@ -3,7 +3,6 @@ errors are raised on every rank, and memory per rank follows its shard."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import tracemalloc
@@ -13,10 +12,10 @@ from typing import Iterator
 import numpy as np
 import pytest
 from mpi4py import MPI
+from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
 from mpinb import data
-from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()
