@@ -13,10 +13,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from mpinb import deadline as _deadline
 from mpinb.comm import allreduce, limit_threads, on_root
 from mpinb.errors import CollectiveMismatchError, _is_int, _resolve, check_all, check_same, raise_together
-from mpinb.keras._sync import average_arrays, epoch_batches, steps_per_epoch, sum_arrays
+from mpinb.keras._sync import ArrayAverager, epoch_batches, steps_per_epoch, sum_arrays
 from mpinb.keras.callbacks import (
     BroadcastInitialState,
     MetricAverage,
@@ -337,6 +336,7 @@ class _FitLoop(keras.callbacks.Callback):
         self._at_begin = np.zeros(2)  # the exchange's (comm, wait) seconds at epoch begin
         self._weights_times = np.zeros(2)  # (comm, wait) seconds of this epoch's weight averages
         self._steps_done = 0
+        self._averager = ArrayAverager(comm)
 
     def _exchange_times(self) -> np.ndarray:
         opt = self.model.optimizer
@@ -404,18 +404,14 @@ class _FitLoop(keras.callbacks.Callback):
         opt = self.model.optimizer
         if opt.built:
             variables += list(opt.variables)
-        values = [v.numpy() for v in variables]
-        t1 = time.perf_counter()
-        # Splits off the wait for the slowest rank, as the gradient exchange does (under the
-        # collective deadline when one is set, like the average itself).
-        with _deadline.begin(self.comm, "fit's weight average") as call:
-            if call.deadline is None:
-                self.comm.Barrier()
-            else:
-                call.barrier()
-        wait = time.perf_counter() - t1
-        for v, a in zip(variables, average_arrays(values, comm=self.comm)):
-            v.assign(a)
+        # Integer state (the step counter) is equal on every rank by construction; half-precision
+        # variables travel as float32, which MPI can sum.
+        variables = [v for v in variables if np.dtype(str(v.dtype)).kind == "f"]
+        values = [np.asarray(v.numpy(), dtype=np.float32) if np.dtype(str(v.dtype)).itemsize < 4 else v.numpy()
+                  for v in variables]
+        averaged, wait = self._averager.average(values)
+        for v, a in zip(variables, averaged):
+            v.assign(a.astype(str(v.dtype), copy=False))
         self._since_average = 0
         self._weights_times += (time.perf_counter() - t0, wait)
 
