@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 from typing import Any
 
 import numpy as np
 
 from mpinb import _numba
+from mpinb import deadline as _deadline
 
-__all__ = ["Packer"]
+__all__ = ["Packer", "sum_over_ranks"]
 
 
 class Packer:
@@ -77,6 +79,29 @@ class Packer:
         if len(self._sets) < self._KEEP:
             self._sets.append(bufs)
         return bufs
+
+
+def sum_over_ranks(bufs: _BufferSet, comm: Any, name: str) -> float:
+    """Sum each buffer of ``bufs`` over the ranks, in place; returns the seconds spent waiting.
+
+    Collective. The ranks first meet at a barrier, which splits the time into waiting for the
+    slowest rank (load imbalance or noise) and moving the data, and which runs under mpinb's
+    collective deadline when one is set: a rank that does not come then raises
+    :class:`~mpinb.CollectiveTimeout` naming it, instead of a hang. Once every rank is there the
+    Allreduce itself cannot be left waiting, so it blocks (microseconds cheaper than polling).
+    """
+    from mpi4py import MPI
+
+    t0 = time.perf_counter()
+    with _deadline.begin(comm, name) as call:
+        if call.deadline is None:
+            comm.Barrier()
+        else:
+            call.barrier()
+        waited = time.perf_counter() - t0
+        for buf in bufs.buffers:
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    return waited
 
 
 class _BufferSet:

@@ -10,10 +10,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mpinb import deadline as _deadline
 from mpinb.comm import allreduce
 from mpinb.errors import check_same
-from mpinb.keras._pack import Packer
+from mpinb.keras._pack import Packer, sum_over_ranks
 
 __all__ = ["ArrayAverager", "average_arrays", "epoch_batches", "mean_logs", "steps_per_epoch", "sum_arrays"]
 
@@ -111,10 +110,6 @@ class ArrayAverager:
     def average(self, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], float]:
         """Collective. Returns the means (views of the buffer, valid until the next call) and the
         seconds spent waiting for the slowest rank to arrive."""
-        import time
-
-        from mpi4py import MPI
-
         arrays = tuple(np.asarray(a, order="C") for a in arrays)  # (ascontiguousarray makes 0-d 1-d)
         layout = [(a.shape, a.dtype.str) for a in arrays]
         if layout != self._layout:
@@ -122,16 +117,5 @@ class ArrayAverager:
             self._packer, self._layout = Packer(arrays), layout
         assert self._packer is not None
         bufs = self._packer.fill(arrays, 1.0 / self.comm.Get_size(), (0.0, 0.0))
-        t0 = time.perf_counter()
-        # Everyone arrives under the collective deadline, when one is set; the Allreduce that
-        # follows then has every rank present.
-        with _deadline.begin(self.comm, "weight average") as call:
-            if call.deadline is None:
-                self.comm.Barrier()
-            else:
-                call.barrier()
-        wait = time.perf_counter() - t0
-        for buf in bufs.buffers:
-            self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        return self._packer.unpack(bufs), wait
-
+        waited = sum_over_ranks(bufs, self.comm, "fit's weight average")
+        return self._packer.unpack(bufs), waited

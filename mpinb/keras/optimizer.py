@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from mpinb.errors import _resolve
-from mpinb.keras._pack import Packer
+from mpinb.keras._pack import Packer, sum_over_ranks
 
 __all__ = ["DistributedOptimizer", "is_distributed"]
 
@@ -134,6 +134,7 @@ class _Exchange:
         self.seconds = 0.0  # in the exchange, waiting included
         self.wait_seconds = 0.0  # of which waiting for the slowest rank to arrive
         self.calls = 0
+        self.error: BaseException | None = None  # what interrupted the last exchange, for fit to raise
         self._packers: dict[tuple, Packer] = {}
 
     def average(self, grads: list[Any]) -> list[Any]:
@@ -177,21 +178,19 @@ class _Exchange:
 
     def _reduce(self, *grads: np.ndarray) -> list[np.ndarray]:
         """Runs on a TensorFlow thread once per step (or per variable when unfused)."""
-        from mpi4py import MPI
-
         t0 = time.perf_counter()
         key = tuple((g.shape, g.dtype.str) for g in grads)
         packer = self._packers.get(key)
         if packer is None:
             packer = self._packers[key] = Packer(grads)
         bufs = packer.fill(grads, 1.0 / self.comm.Get_size(), self.votes)
-        # A barrier first (microseconds within a node) splits the time into waiting for the slowest
-        # rank, which is load imbalance or noise, and moving the data, which is communication.
-        t1 = time.perf_counter()
-        self.comm.Barrier()
-        self.wait_seconds += time.perf_counter() - t1
-        for buf in bufs.buffers:
-            self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        try:
+            self.wait_seconds += sum_over_ranks(bufs, self.comm, "gradient exchange")
+        except BaseException as err:
+            # TensorFlow re-raises errors from inside a step as its own UnknownError; keep the
+            # original (a CollectiveTimeout naming the missing rank) for mpinb.keras.fit to raise.
+            self.error = err
+            raise
         interrupt, stop, nonfinite = bufs.buffers[0][-3:]
         self.interrupt_requested |= bool(interrupt > 0)
         self.stop_requested |= bool(stop > 0)

@@ -245,6 +245,9 @@ def _fit(model: Any, x: Any, y: Any, batch_size: int, epochs: int, validation_da
         if per_execution != requested:
             model.steps_per_execution = per_execution
             model.train_function = None
+        exchange = model.optimizer._mpinb_exchange if is_distributed(model.optimizer) else None
+        if exchange is not None:
+            exchange.error = None
         try:
             model.fit(
                 dataset,
@@ -255,6 +258,13 @@ def _fit(model: Any, x: Any, y: Any, batch_size: int, epochs: int, validation_da
                 shuffle=False,  # the dataset is already in the epoch's order
                 verbose=(2 if verbose == "auto" else verbose) if rank == 0 else 0,
             )
+        except Exception as err:
+            if exchange is not None and exchange.error is not None:
+                # The gradient exchange failed inside TensorFlow's step (a CollectiveTimeout naming
+                # the missing rank): raise that, not TensorFlow's wrapper around its message.
+                original, exchange.error = exchange.error, None
+                raise original from err
+            raise
         finally:
             stopper.release()
             if per_execution != requested:

@@ -393,3 +393,43 @@ def test_interrupt_request_on_one_rank_stops_all_at_the_same_step(digits, strate
     # otherwise a small Allreduce after each step decides at once.
     assert counter.batches == info.value.history["steps"][0] + 3 + (strategy == "gradients" and SIZE > 1)
     assert_same_everywhere(weights_of(model))
+
+
+@pytest.mark.skipif(SIZE == 1, reason="needs a rank that can be late")
+@pytest.mark.parametrize("strategy", ["gradients", "weights"])
+def test_a_rank_stuck_mid_training_is_named_by_the_collective_deadline(digits, strategy, monkeypatch):
+    import re
+    import time
+
+    from mpinb import CollectiveTimeout, deadline
+
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+    stuck = SIZE - 1
+    dup = COMM.Dup()  # broken on purpose: unusable afterwards
+
+    reached = {}
+
+    class Stall(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 3:
+                reached["t"] = time.monotonic()
+                if RANK == stuck:
+                    time.sleep(4.0)
+
+    model = mlp(18)
+    monkeypatch.setattr(deadline, "_setting", 1.0)  # every mpinb collective in fit gets a 1 s deadline
+    with pytest.raises(CollectiveTimeout) as info:
+        mk.fit(model, Xl, yl, batch_size=32, epochs=1, strategy=strategy, average_every=1,
+               callbacks=[Stall()], comm=dup, verbose=0)
+    elapsed = time.monotonic() - reached["t"]
+    monkeypatch.setattr(deadline, "_setting", None)
+    COMM.Barrier()
+    dup.Free()
+    name = "gradient exchange" if strategy == "gradients" else "fit's weight average"
+    text = str(info.value)
+    if RANK == stuck:  # arrives late and is told who gave up
+        ok = re.match(rf"{name} cannot run on rank {stuck}: rank \d+ gave up on this communicator", text) is not None
+    else:  # the others name the missing rank, well before it comes back
+        ok = text.startswith(f"{name} #") and f"waiting for rank {stuck}" in text and elapsed < 3.0
+    assert_everywhere(ok, f"{elapsed:.1f} s: {text}")
