@@ -7,7 +7,9 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
 - ``unit``       one process, ``pytest tests/unit``;
 - ``mpi``        ``mpiexec -n N python -m mpi4py -m pytest tests/mpi`` for N in 1, 2, 3, 4, each under a
                  hard timeout (an exception on one rank aborts the job instead of hanging it);
-- ``notebooks``  tests that start real MPI engine clusters and execute the tutorial notebooks;
+- ``cluster``    real ipyparallel clusters of MPI engines: start, connect, restart, interrupts,
+                 dead engines, a short soak;
+- ``notebooks``  the tutorial notebooks executed on real clusters, with assertions on their values;
 - ``browser``    a tutorial notebook run to the end in JupyterLab in headless Chromium.
 
 Afterwards it checks that no process started by the tests is still running, and prints one closing
