@@ -412,18 +412,24 @@ def test_a_rank_stuck_mid_training_is_named_by_the_collective_deadline(digits, s
 
     class Stall(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
+            if batch == 2:
+                # From here on, a 2 s deadline: late enough that the first step's tracing (which can
+                # differ by seconds between ranks sharing cores) is not what times out.
+                deadline.set_collective_timeout(2.0)
             if batch == 3:
                 reached["t"] = time.monotonic()
                 if RANK == stuck:
-                    time.sleep(4.0)
+                    time.sleep(6.0)
 
     model = mlp(18)
-    monkeypatch.setattr(deadline, "_setting", 1.0)  # every mpinb collective in fit gets a 1 s deadline
-    with pytest.raises(CollectiveTimeout) as info:
-        mk.fit(model, Xl, yl, batch_size=32, epochs=1, strategy=strategy, average_every=1,
-               callbacks=[Stall()], comm=dup, verbose=0)
-    elapsed = time.monotonic() - reached["t"]
     monkeypatch.setattr(deadline, "_setting", None)
+    try:
+        with pytest.raises(CollectiveTimeout) as info:
+            mk.fit(model, Xl, yl, batch_size=32, epochs=1, strategy=strategy, average_every=1,
+                   callbacks=[Stall()], comm=dup, verbose=0)
+    finally:
+        deadline.set_collective_timeout(None)
+    elapsed = time.monotonic() - reached.get("t", float("nan"))
     COMM.Barrier()
     dup.Free()
     name = "gradient exchange" if strategy == "gradients" else "fit's weight average"
@@ -431,5 +437,5 @@ def test_a_rank_stuck_mid_training_is_named_by_the_collective_deadline(digits, s
     if RANK == stuck:  # arrives late and is told who gave up
         ok = re.match(rf"{name} cannot run on rank {stuck}: rank \d+ gave up on this communicator", text) is not None
     else:  # the others name the missing rank, well before it comes back
-        ok = text.startswith(f"{name} #") and f"waiting for rank {stuck}" in text and elapsed < 3.0
+        ok = text.startswith(f"{name} #") and f"waiting for rank {stuck}" in text and elapsed < 5.0
     assert_everywhere(ok, f"{elapsed:.1f} s: {text}")
