@@ -1,12 +1,26 @@
-"""Per-iteration time of mpinb.KMeans at 1, 2 and 4 ranks against scikit-learn's Lloyd k-means.
+"""Per-iteration time of mpinb.KMeans against scikit-learn, and at 2 ranks beside a busy process.
 
-``python benchmarks/kmeans.py`` (a few minutes on 2 cores) writes ``benchmarks/results/kmeans.json``:
-N=1,000,000 x 16, k=16, float64 and float32, the same fixed initial centres, 20 iterations, tol=0.
-scikit-learn runs in this process with 1 and 2 OpenMP threads; mpinb runs under ``mpiexec`` with
-one BLAS thread per rank. Runs are interleaved (sklearn-1, mpinb-1, sklearn-2, mpinb-2, mpinb-4)
-and repeated; the JSON holds medians, the GEMM bound (one ``X @ C.T`` per iteration, 1 thread)
-measured in the same run, the agreement with scikit-learn and the memory mpinb adds at k=64.
-Options: ``--n``, ``--repeats``, ``--quick`` (N=200,000, 2 repeats).
+    python benchmarks/kmeans.py                      # the scaling case (a few minutes on 2 cores)
+    python benchmarks/kmeans.py --cases busy         # the busy case only (well under a minute)
+    python benchmarks/kmeans.py --quick --cases scaling,busy   # smoke run of both (under a minute)
+
+Cases (``--cases``, comma-separated; default ``scaling``), each writing its own JSON to
+``--out-dir`` (``benchmarks/results``; a temporary directory with ``--quick``):
+
+- ``scaling`` -> ``kmeans.json``: N=1,000,000 x 16, k=16, float64 and float32, the same fixed
+  initial centres, 20 iterations, tol=0. scikit-learn runs in this process with 1 and 2 OpenMP
+  threads; mpinb runs under ``mpiexec`` with one BLAS thread per rank. Runs are interleaved
+  (sklearn-1, mpinb-1, sklearn-2, mpinb-2, mpinb-4) and repeated; the JSON holds medians, the GEMM
+  bound (one ``X @ C.T`` per iteration, 1 thread) measured in the same run, the agreement with
+  scikit-learn and the memory mpinb adds at k=64.
+- ``busy`` -> ``kmeans_busy.json``: the same float64 fit at 2 ranks (one thread each, on a 2-core
+  machine), idle and with one extra process spinning a busy loop (``--busy-loop python``: a
+  pure-Python loop, or ``numpy``: element-wise passes over 8 MiB). Rank 0 starts that process,
+  lets it spin only during the "busy" fits and kills it by PID when the job ends; idle and busy fits
+  alternate within one job (rotating order), ``--busy-repeats`` of each. Per-iteration time is the
+  slowest rank's wall time of ``fit`` divided by ``n_iter_`` (public attributes only).
+
+``--quick``: N=100,000, 1 repeat (and 3 busy repeats), to show the script works: about 30 s.
 """
 
 from __future__ import annotations
@@ -24,6 +38,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "benchmarks"))  # _busy, also when run from elsewhere
+
+CASES = ("scaling", "busy")
 
 D, K, ITERATIONS, SEED, BLOCK = 16, 16, 20, 1234, 1 << 16
 
@@ -107,8 +124,54 @@ def memory_worker(config: dict) -> None:
     Path(config["out"]).write_text(json.dumps(out))
 
 
+def busy_worker(config: dict) -> None:
+    """Idle and busy fits alternating in one job; rank 0 owns the busy process."""
+    from mpi4py import MPI
+
+    import mpinb
+    from _busy import BusyProcess
+
+    comm = MPI.COMM_WORLD
+    mpinb.limit_threads(1)
+    lo, hi = mpinb.shard_bounds(config["n"], rank=comm.rank, size=comm.size)
+    X = make_rows(lo, hi, "float64")
+    init = np.array(config["init"])
+    # Warm-up with the timed settings (imports, compiled kernels, page faults of every buffer).
+    mpinb.KMeans(K, init=init, max_iter=ITERATIONS, tol=0).fit(X)
+    samples = []
+    busy = BusyProcess(config["busy_loop"]) if comm.rank == 0 else None
+    try:
+        for r in range(config["repeats"]):
+            for state in (("idle", "busy") if r % 2 == 0 else ("busy", "idle")):
+                if busy is not None and state == "busy":
+                    busy.spin()
+                elif busy is not None:
+                    busy.idle()
+                comm.Barrier()
+                wall0, cpu0 = time.perf_counter(), time.process_time()
+                km = mpinb.KMeans(K, init=init, max_iter=ITERATIONS, tol=0).fit(X)
+                wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+                wall = comm.allreduce(wall, op=MPI.MAX)
+                cpu = comm.allreduce(cpu, op=MPI.SUM) / comm.size
+                samples.append({"state": state, "wall_ms_per_iter": 1e3 * wall / km.n_iter_,
+                                "cpu_ms_per_iter_per_rank": 1e3 * cpu / km.n_iter_, "n_iter": km.n_iter_,
+                                "inertia": km.inertia_})
+        share = busy.cpu_share() if busy is not None else None
+    finally:
+        if busy is not None:
+            busy.close()
+    if comm.rank == 0:
+        Path(config["out"]).write_text(json.dumps({"samples": samples, "busy_process_cpu_share": share,
+                                                   "busy_process_pid": busy.pid}))
+
+
 # ----------------------------------------------------------------------------------------------
 # Driver
+
+
+def _mpi_env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                MPIR_CVAR_ENABLE_HEAVY_YIELD="1", MPIR_CVAR_POLLS_BEFORE_YIELD="1")
 
 
 def run_workers(ranks: int, config: dict, tmp: Path, tag: str) -> dict:
@@ -116,9 +179,7 @@ def run_workers(ranks: int, config: dict, tmp: Path, tag: str) -> dict:
 
     out = str(tmp / tag)
     cfg = dict(config, out=out)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               MPIR_CVAR_ENABLE_HEAVY_YIELD="1", MPIR_CVAR_POLLS_BEFORE_YIELD="1")
-    proc = run_mpi(ranks, [__file__, "--worker", json.dumps(cfg)], timeout=600, env=env, capture=True)
+    proc = run_mpi(ranks, [__file__, "--worker", json.dumps(cfg)], timeout=600, env=_mpi_env(), capture=True)
     if proc.returncode != 0:
         raise RuntimeError(f"mpinb worker at {ranks} ranks failed:\n{proc.stdout}")
     result = json.loads(Path(out + ".json").read_text())
@@ -159,22 +220,7 @@ def gemm_bound(X: np.ndarray, init: np.ndarray) -> float:
     return 1e3 * min(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=1_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--worker")
-    parser.add_argument("--memory-worker")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "kmeans.json"))
-    args = parser.parse_args()
-    if args.worker:
-        return worker(json.loads(args.worker))
-    if args.memory_worker:
-        return memory_worker(json.loads(args.memory_worker))
-    if args.quick:
-        args.n, args.repeats = 200_000, 2
-
+def scaling_case(args: argparse.Namespace, out: Path) -> None:
     from mpinb.launch import run_mpi
 
     init = initial_centres(args.n)
@@ -228,9 +274,89 @@ def main() -> None:
             report["memory_k64"] = {"n": n_mem, "d": D, "X_mib": n_mem * D * 8 / 2**20, **json.loads(mem_out.read_text())}
         else:
             report["memory_k64"] = {"error": proc.stdout[-2000:]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+
+
+def busy_case(args: argparse.Namespace, out: Path) -> None:
+    from mpinb.launch import run_mpi
+
+    init = initial_centres(args.n)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mpinb-bench-") as tmpdir:
+        part = Path(tmpdir) / "busy.json"
+        config = {"n": args.n, "init": init.tolist(), "repeats": args.busy_repeats, "busy_loop": args.busy_loop,
+                  "out": str(part)}
+        print(f"[bench] busy case: 2 ranks, {args.busy_repeats} idle and {args.busy_repeats} busy fits", flush=True)
+        proc = run_mpi(2, [__file__, "--busy-worker", json.dumps(config)], timeout=600, env=_mpi_env(), capture=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"mpinb busy worker failed:\n{proc.stdout}")
+        got = json.loads(part.read_text())
+    summary = {}
+    for state in ("idle", "busy"):
+        rows = [s for s in got["samples"] if s["state"] == state]
+        summary[state] = {key: statistics.median(r[key] for r in rows)
+                          for key in ("wall_ms_per_iter", "cpu_ms_per_iter_per_rank")}
+        summary[state]["fits"] = len(rows)
+    report = {
+        "setup": {"n": args.n, "d": D, "k": K, "dtype": "float64", "iterations": ITERATIONS, "tol": 0,
+                  "ranks": 2, "threads_per_rank": 1, "cores": len(os.sched_getaffinity(0)),
+                  "busy_loop": args.busy_loop, "repeats": args.busy_repeats,
+                  "mpich_yield": {k: v for k, v in _mpi_env().items() if k.startswith("MPIR_CVAR")},
+                  "init": "same fixed centres for every fit"},
+        "results": summary,
+        "ratio_busy_vs_idle_wall": summary["busy"]["wall_ms_per_iter"] / summary["idle"]["wall_ms_per_iter"],
+        "busy_process_cpu_share": got["busy_process_cpu_share"],
+        "samples": got["samples"],
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    for state in ("idle", "busy"):
+        r = summary[state]
+        print(f"2 ranks {state:4s}: {r['wall_ms_per_iter']:8.2f} ms/iteration (median of {r['fits']} fits), "
+              f"CPU {r['cpu_ms_per_iter_per_rank']:.2f} ms/iteration/rank")
+    share = report["busy_process_cpu_share"]
+    print(f"busy / idle = {report['ratio_busy_vs_idle_wall']:.2f}; the busy process got "
+          f"{'?' if share is None else f'{share:.0%}'} of a core while spinning")
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="scaling", help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, help="scaling case: interleaved rounds (default 3; 1 with --quick)")
+    parser.add_argument("--busy-repeats", type=int, help="busy case: fits per state (default 11; 3 with --quick)")
+    parser.add_argument("--busy-loop", default="python", choices=("python", "numpy"))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--busy-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--out-dir", help="default benchmarks/results (a temporary directory with --quick)")
+    args = parser.parse_args()
+    if args.worker:
+        return worker(json.loads(args.worker))
+    if args.memory_worker:
+        return memory_worker(json.loads(args.memory_worker))
+    if args.busy_worker:
+        return busy_worker(json.loads(args.busy_worker))
+    cases = args.cases.split(",")
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        parser.error(f"--cases takes {', '.join(CASES)}; got {', '.join(unknown)}")
+    if args.quick:
+        args.n = 100_000
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.busy_repeats = args.busy_repeats or (3 if args.quick else 11)
+    out_dir = Path(args.out_dir) if args.out_dir else (
+        Path(tempfile.gettempdir()) / "mpinb-bench-quick" if args.quick else ROOT / "benchmarks" / "results")
+    if "scaling" in cases:
+        scaling_case(args, out_dir / "kmeans.json")
+    if "busy" in cases:
+        busy_case(args, out_dir / "kmeans_busy.json")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mpinb import _collective
 from mpinb._kmeans_lloyd import BLOCK_ELEMENTS, SUM_ELEMENTS, Shard, chunks, lloyd, sq_distances
 from mpinb.interrupt import StopFlag
 
@@ -26,7 +27,7 @@ def resolve_random_state(random_state: Any, comm: Any) -> np.random.RandomState:
         return random_state
     if random_state is None:
         seed = int(np.random.default_rng().integers(2**32)) if comm.Get_rank() == 0 else None
-        return np.random.RandomState(comm.bcast(seed, root=0))
+        return np.random.RandomState(_collective.bcast(seed, comm=comm, name="KMeans.fit's random state"))
     return np.random.RandomState(int(random_state))
 
 
@@ -125,8 +126,6 @@ def _kmeans_parallel(data: Shard, k: int, rng: np.random.RandomState, stop: Stop
     below ``2k * w * d^2 / phi``, so the candidates -- and the result -- do not depend on how
     the rows are split over ranks.
     """
-    from mpi4py import MPI
-
     from mpinb.comm import gather_rows, on_root
 
     d = data.X.shape[1]
@@ -140,7 +139,7 @@ def _kmeans_parallel(data: Shard, k: int, rng: np.random.RandomState, stop: Stop
     _update_nearest(data, candidates, 0, closest, nearest)
     for _ in range(_ROUNDS):
         phi = np.array([_weighted_sum(data, closest), 0.0 if stop is None else stop.value])
-        data.comm.Allreduce(MPI.IN_PLACE, phi, op=MPI.SUM)
+        _collective.reduce_in_place([phi], comm=data.comm, name="KMeans.fit's k-means|| round")
         if phi[1] > 0:
             assert stop is not None
             stop.raise_interrupt("mpinb.KMeans.fit (k-means|| initialisation)")
@@ -165,7 +164,7 @@ def _kmeans_parallel(data: Shard, k: int, rng: np.random.RandomState, stop: Stop
     for s, e in chunks(data.n_local, SUM_ELEMENTS):
         w = None if data.weights is None else data.weights[s:e]
         weights += np.bincount(nearest[s:e], weights=w, minlength=candidates.shape[0])
-    data.comm.Allreduce(MPI.IN_PLACE, weights, op=MPI.SUM)
+    _collective.reduce_in_place([weights], comm=data.comm, name="KMeans.fit's k-means|| weights")
     seed = int(rng.randint(0, 2**31 - 1))
     return on_root(_recluster, candidates, weights, k, seed, comm=data.comm)
 
@@ -207,8 +206,6 @@ def _pick(
     take the last row, as scikit-learn clips. Returns the centred rows (m, n_features) and, per
     row, its global index and weight (m, 2).
     """
-    from mpi4py import MPI
-
     d = data.X.shape[1]
     m = thresholds.size
     ends = np.cumsum(rank_totals)
@@ -238,7 +235,7 @@ def _pick(
         out[order, :d] = np.subtract(data.X[local], data.mean, dtype=np.float64)
         out[order, d] = data.offset + local
         out[order, d + 1] = data.weight_slice(0, data.n_local)[local] if data.weights is not None else 1.0
-    data.comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
+    _collective.reduce_in_place([out], comm=data.comm, name="KMeans.fit's initial centres")
     return out[:, :d], out[:, d:]
 
 
@@ -264,7 +261,7 @@ def _weighted_sum(data: Shard, closest: np.ndarray) -> float:
 def _gather_pots(data: Shard, pots: np.ndarray, stop: StopFlag | None) -> np.ndarray:
     """Each rank's potentials (size, len(pots)); the stop flag rides along in the same allgather."""
     flag = 0.0 if stop is None else stop.value
-    rows = data.comm.allgather(np.append(pots, flag))
+    rows = _collective.allgather(np.append(pots, flag), comm=data.comm, name="KMeans.fit's k-means++ potentials")
     table = np.array(rows)
     if table[:, -1].max() > 0:
         assert stop is not None

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mpinb import _collective
 from mpinb._kmeans_kernels import kernels
 from mpinb.interrupt import StopFlag
 
@@ -86,7 +87,8 @@ class Shard:
         n, d = X.shape
         wsum = float(n) if weights is None else float(weights.sum())
         npos = n if weights is None else int(np.count_nonzero(weights > 0))
-        table = np.array(comm.allgather((n, wsum, npos, X.dtype == np.float32)), dtype=np.float64)
+        table = np.array(_collective.allgather((n, wsum, npos, X.dtype == np.float32), comm=comm,
+                                               name="KMeans.fit's shard summary"), dtype=np.float64)
         counts, weight_sums, positive = table[:, 0].astype(np.int64), table[:, 1], table[:, 2].astype(np.int64)
         rank, size = comm.Get_rank(), comm.Get_size()
         k, total = n_clusters, int(counts.sum())
@@ -105,10 +107,8 @@ class Shard:
                 f"init='random' needs at least n_clusters={k} samples with positive weight; there are "
                 f"{int(positive.sum())} {where}."
             )
-        from mpi4py import MPI
-
         sums = local_sum.copy()
-        comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
+        _collective.reduce_in_place([sums], comm=comm, name="KMeans.fit's mean")
         mean = sums / total
         # Second pass, centred: per-feature variance (for tol), the largest squared norm (for the
         # packed assignment) and the weighted total (for the per-iteration inertia).
@@ -125,8 +125,9 @@ class Shard:
                 stats[:d] += np.einsum("ij,ij->j", xc, xc)
                 stats[d] += sq.sum() if weights is None else sq @ weights[s:e]
                 biggest[0] = max(biggest[0], sq.max(initial=0.0))
-        comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.SUM)
-        comm.Allreduce(MPI.IN_PLACE, biggest, op=MPI.MAX)
+        with _collective.collective(comm, "KMeans.fit's variance", (stats.shape, biggest.shape)) as call:
+            call.allreduce([stats], "sum")
+            call.allreduce([biggest], "max")
         tol = float(np.mean(stats[:d] / total) * tol) if tol else 0.0
         return cls(
             X=X,
@@ -170,8 +171,6 @@ def lloyd(
     run: int = 0,
 ) -> Run:
     """scikit-learn's ``_kmeans_single_lloyd`` over distributed rows, one Allreduce per iteration."""
-    from mpi4py import MPI
-
     X, comm, mean = data.X, data.comm, data.mean
     k, d = centers.shape
     n = data.n_local
@@ -195,7 +194,7 @@ def lloyd(
         packed[k * d + k : k * d + 2 * k] = members
         packed[-2] = changes.n_changed
         packed[-1] = 0.0 if stop is None else stop.value
-        comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM)
+        _collective.reduce_in_place([packed], comm=comm, name="KMeans.fit's Lloyd iteration")
         if packed[-1] > 0:
             assert stop is not None
             stop.raise_interrupt(f"mpinb.KMeans.fit (run {run + 1}, iteration {i + 1})")
@@ -247,7 +246,7 @@ def lloyd(
     else:
         final[:k] = _count(labels, k)
         final[k] = local_inertia(X, data.weights, centers + mean, labels)
-    comm.Allreduce(MPI.IN_PLACE, final, op=MPI.SUM)
+    _collective.reduce_in_place([final], comm=comm, name="KMeans.fit's inertia")
     return Run(centers, labels, float(final[k]), i + 1, history, final[:k])
 
 
@@ -264,7 +263,7 @@ def same_clustering(a: Run, b: Run, data: Shard) -> bool:
         if not np.array_equal(mapping[la], lb):
             ok = False
             break
-    verdicts = data.comm.allgather((ok, mapping))
+    verdicts = _collective.allgather((ok, mapping), comm=data.comm, name="KMeans.fit's clustering comparison")
     if not all(flag for flag, _ in verdicts):
         return False
     merged = np.full(k, -1, dtype=np.int64)
@@ -497,7 +496,7 @@ def _relocate_empty(
     rows = np.subtract(X[best_rows], mean, dtype=np.float64).reshape(-1, d)
     local_w = np.ones(best_rows.size) if data.weights is None else data.weights[best_rows]
     mine = (best_dist, best_rows + data.offset, local_w, labels[best_rows].astype(np.int64), rows)
-    gathered = data.comm.allgather(mine)
+    gathered = _collective.allgather(mine, comm=data.comm, name="KMeans.fit's empty-cluster candidates")
     dist = np.concatenate([g[0] for g in gathered])
     if dist.size == 0 or dist.max() == 0:
         # More clusters than distinct points: relocating is pointless (as in scikit-learn).

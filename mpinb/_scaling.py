@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 import mpinb
+from mpinb import _collective
 
 
 def measure(
@@ -45,7 +46,7 @@ def measure(
     init = np.random.default_rng(0).normal(size=(n_clusters, n_features))
     timings = []
     for _ in range(3):
-        w.comm.Barrier()
+        _collective.barrier(comm=w.comm, name="scaling's start line")
         t0 = time.perf_counter()
         km = mpinb.KMeans(n_clusters, init=init, n_init=1, max_iter=kmeans_iters, tol=0.0, comm=w.comm).fit(X)
         timings.append((time.perf_counter() - t0) / max(km.n_iter_, 1))

@@ -361,6 +361,9 @@ class MPICluster:
         self.view = self.client.direct_view(targets=self._ids_by_rank)
         self.view.block = True
         _activate(self.view)
+        # mpinb's collective set-up now, on every engine together: from the first cell on, a
+        # collective that times out can name the missing ranks and say where each of them is.
+        self.view.apply_sync(_set_up_collectives)
 
     def _protect_files(self) -> None:
         """Owner-only modes for everything in the profile's security folder. ipyparallel already
@@ -408,6 +411,12 @@ def _engine_identity() -> dict[str, Any]:
         "host": socket.gethostname(),
         "pid": os.getpid(),
     }
+
+
+def _set_up_collectives() -> None:
+    import mpinb
+
+    mpinb.world(timeout=120)
 
 
 def _rank_here() -> int:

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import os
-import pickle
-import socket
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from mpinb import deadline as _deadline
+from mpinb import _collective
 from mpinb.deadline import DEFAULT
-from mpinb.errors import CollectiveMismatchError, _check_same, _resolve
+from mpinb.errors import _record, agree_on_exception
 
 __all__ = [
     "World",
@@ -52,12 +49,17 @@ class World:
             f"local_rank={self.local_rank}, local_size={self.local_size})"
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Without the communicator: a World pulled to the notebook must not import mpi4py.MPI there.
+        return (World, (self.rank, self.size, self.host, self.local_rank, self.local_size, None))
+
 
 def world(comm: Any = None, *, timeout: Any = DEFAULT) -> World:
     """Describe this rank: rank, size, host and its place among the ranks on the same node.
 
-    Collective: it splits ``comm`` by shared-memory node to count the ranks on this node, and frees
-    that communicator before returning.
+    Collective: the first time it meets ``comm``, mpinb sets up its private communicators and
+    the status board that lets a rank name the missing ranks when a collective times out, even the
+    first one (``MPICluster`` calls it when the engines start). Local afterwards.
 
     Parameters
     ----------
@@ -70,7 +72,8 @@ def world(comm: Any = None, *, timeout: Any = DEFAULT) -> World:
     Returns
     -------
     World
-        ``rank``, ``size``, ``is_root``, ``host``, ``local_rank``, ``local_size`` and ``comm``.
+        ``rank``, ``size``, ``is_root``, ``host``, ``local_rank``, ``local_size`` and ``comm``
+        (``None`` in a copy pulled to the client).
 
     Examples
     --------
@@ -78,34 +81,29 @@ def world(comm: Any = None, *, timeout: Any = DEFAULT) -> World:
     >>> w.rank, w.size, w.local_size
     (0, 4, 4)
     """
-    comm = _resolve(comm)
-    with _deadline.begin(comm, "world", timeout) as call:
-        # MPI has no non-blocking split: under a deadline, first make sure every rank is here.
-        call.barrier()
-        node = _node_comm(comm)
-    try:
-        local_rank, local_size = node.Get_rank(), node.Get_size()
-    finally:
-        node.Free()
+    chan = _collective.channel(comm)
+    chan.ensure_ready(timeout)
+    local = chan.local_ranks()
     return World(
-        rank=comm.Get_rank(),
-        size=comm.Get_size(),
-        host=socket.gethostname(),
-        local_rank=local_rank,
-        local_size=local_size,
-        comm=comm,
+        rank=chan.rank,
+        size=chan.size,
+        host=chan.host,
+        local_rank=local.index(chan.rank),
+        local_size=len(local),
+        comm=chan.parent,
     )
 
 
 def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None, timeout: Any = DEFAULT) -> list[Any]:
     """Reduce a list of arrays and scalars over all ranks with one buffer collective per dtype.
 
-    Collective. Arrays of the same dtype are packed into one persistent buffer and reduced with a
-    single ``Allreduce``, which is what makes many small arrays (a model's gradients, k-means
-    sums and counts) cheap; payloads above 8 MiB go in 4 MiB segments, which MPI reduces faster
-    than one huge message. Before any data moves, one two-integer ``Allreduce`` checks that every
-    rank passed the same shapes, dtypes and ``op``; if not, every rank raises
-    :class:`~mpinb.CollectiveMismatchError` and the communicator stays usable.
+    Collective. Small arrays of the same dtype are packed into one buffer and reduced with a single
+    message, which is what makes many small arrays (a model's gradients, k-means sums and counts)
+    cheap; arrays from 256 KiB travel on their own, straight from the input into the result, with
+    no packing copy. All messages are in flight together. The arrival message that starts every
+    mpinb collective also checks that every rank passed the same shapes, dtypes and ``op``; if not,
+    every rank raises :class:`~mpinb.CollectiveMismatchError` before any data moves and the
+    communicator stays usable.
 
     Parameters
     ----------
@@ -142,54 +140,92 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None, timeo
             raise TypeError(f"allreduce reduces numbers and booleans; item {i} has dtype {v.dtype}.")
         if v.dtype.kind == "c" and op in ("min", "max"):
             raise TypeError(f"op={op!r} is undefined for complex numbers (item {i}).")
-    comm = _resolve(comm)
-    with _deadline.begin(comm, "allreduce", timeout) as call:
-        return _allreduce(values, op, call)
+    plan = _plan(values, op)
+    with _collective.collective(comm, "allreduce", plan, timeout=timeout,
+                                what="allreduce's shapes, dtypes and op") as call:
+        return plan.run(values, call)
 
 
-def _allreduce(values: list[np.ndarray], op: str, call: Any) -> list[Any]:
-    _check_same((op, [(v.shape, v.dtype.str) for v in values]), "allreduce's shapes, dtypes and op", call)
+class _Plan:
+    """How one layout of arrays (shapes, dtypes, op) is reduced; made once per layout and reused.
 
-    plans = [_wire(v.dtype, op) for v in values]
-    groups: dict[np.dtype, list[int]] = {}
-    for i, (wire, _) in enumerate(plans):
-        groups.setdefault(wire, []).append(i)
+    Its ``repr`` is the layout, identical on every rank, so the arrival message checks it; the
+    object itself keys the digest cache, so a repeated layout costs a dictionary lookup.
+    """
 
-    from mpi4py import MPI
-
-    mpi_op = {"sum": MPI.SUM, "mean": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}[op]
-    size = call.state.size
-    out: list[Any] = [None] * len(values)
-    # Iterating a dict keyed in first-appearance order gives every rank the same collective order,
-    # because the shape/dtype check above has proven the inputs identical in layout.
-    for wire, members in groups.items():
-        total = sum(values[i].size for i in members)
-        buf = _scratch(wire, total)
-        offset = 0
-        for i in members:
-            n = values[i].size
-            buf[offset : offset + n] = values[i].reshape(-1)
-            offset += n
-        if size > 1 and total:
-            try:
-                _allreduce_segmented(call, buf, mpi_op)
-            except BaseException:
-                # A timed-out or interrupted reduction may still write into this buffer later.
-                _scratch_local.buffers.pop(wire, None)
-                raise
-        offset = 0
-        for i in members:
-            v, n = values[i], values[i].size
-            result_dtype = plans[i][1]
-            chunk = buf[offset : offset + n]
-            if op == "mean":
-                reduced = (chunk / size).astype(result_dtype, copy=False)
+    def __init__(self, shapes: tuple, dtypes: tuple, op: str) -> None:
+        self.text = repr((op, tuple((shape, dtype.str) for shape, dtype in zip(shapes, dtypes))))
+        self.op, self.wire_op = op, "sum" if op == "mean" else op
+        self.shapes = shapes
+        plans = [_wire(dtype, op) for dtype in dtypes]
+        self.results = [result for _, result in plans]
+        sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+        self.alone: list[int] = []  # reduced on their own: no packing copy
+        self.groups: list[tuple[np.dtype, list[int], list[tuple[int, int]]]] = []
+        grouped: dict[np.dtype, list[int]] = {}
+        for i, ((wire, _), dtype, n) in enumerate(zip(plans, dtypes, sizes)):
+            if n * dtype.itemsize >= _ALONE:
+                self.alone.append(i)
             else:
-                reduced = chunk.astype(result_dtype, copy=True)
-            reduced = reduced.reshape(v.shape)
-            out[i] = reduced[()] if v.ndim == 0 else reduced
-            offset += n
-    return out
+                grouped.setdefault(wire, []).append(i)
+        self.wires = [wire for wire, _ in plans]
+        # A dict in first-appearance order: the same groups, in the same order, on every rank.
+        for wire, members in grouped.items():
+            bounds, offset = [], 0
+            for i in members:
+                bounds.append((offset, offset + sizes[i]))
+                offset += sizes[i]
+            self.groups.append((wire, members, bounds))
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def run(self, values: list[np.ndarray], call: Any) -> list[Any]:
+        flat: list[Any] = [None] * len(values)
+        in_place: list[np.ndarray] = []
+        pairs: list[tuple[np.ndarray, np.ndarray]] = []
+        for i in self.alone:
+            v, wire = values[i], self.wires[i]
+            if v.dtype == wire:
+                flat[i] = np.empty(v.size, dtype=wire)
+                pairs.append((np.ascontiguousarray(v).reshape(-1), flat[i]))
+            else:
+                flat[i] = v.astype(wire).reshape(-1)
+                in_place.append(flat[i])
+        # A fresh buffer per group, packed in one pass; the results are views of it, so there is
+        # no unpacking copy either.
+        for wire, members, bounds in self.groups:
+            buf = np.concatenate([values[i].reshape(-1) for i in members], dtype=wire, casting="unsafe")
+            for i, (start, stop) in zip(members, bounds):
+                flat[i] = buf[start:stop]
+            in_place.append(buf)
+        call.allreduce(in_place, self.wire_op, pairs=pairs)
+        out: list[Any] = []
+        size = call.size
+        for f, shape, result in zip(flat, self.shapes, self.results):
+            if self.op == "mean":
+                if f.dtype == result and f.dtype.kind in "fc":
+                    np.divide(f, size, out=f)
+                else:
+                    f = f / size
+            value = (f if f.dtype == result else f.astype(result)).reshape(shape)
+            out.append(value[()] if not shape else value)
+        return out
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def _plan(values: list[np.ndarray], op: str) -> _Plan:
+    shapes = tuple([v.shape for v in values])
+    dtypes = tuple([v.dtype for v in values])
+    key = (op, shapes, dtypes)
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) > 256:
+            _plans.clear()
+        plan = _plans[key] = _Plan(shapes, dtypes, op)
+    return plan
 
 
 def bcast(obj: Any, *, root: int = 0, comm: Any = None, timeout: Any = DEFAULT) -> Any:
@@ -215,44 +251,34 @@ def bcast(obj: Any, *, root: int = 0, comm: Any = None, timeout: Any = DEFAULT) 
     object
         Root's ``obj`` on every rank (root gets its own object back, not a copy).
     """
-    comm = _resolve(comm)
-    _check_root(root, comm)
-    with _deadline.begin(comm, "bcast", timeout) as call:
+    chan = _collective.channel(comm)
+    _check_root(root, chan.size)
+    with chan.begin("bcast", ("root", root), timeout=timeout) as call:
         return _bcast(obj, root, call)
 
 
 def _bcast(obj: Any, root: int, call: Any) -> Any:
-    if call.state.size == 1:
+    if call.size == 1:
         return obj
-    is_root = call.state.rank == root
-    header: tuple[Any, ...] | None = None
-    if is_root:
-        if isinstance(obj, np.ndarray) and obj.dtype.kind in "biufc":
-            header = ("array", obj.shape, obj.dtype.str)
-        else:
-            try:
-                header = ("pickle", pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-            except Exception as err:  # noqa: BLE001 - reported on every rank below
-                header = ("error", f"bcast could not pickle {type(obj).__name__} on rank {root}: {err}")
-    header = call.bcast(header, root)
-    kind = header[0]
-    if kind == "error":
-        raise TypeError(header[1])
-    if kind == "pickle":
-        return obj if is_root else pickle.loads(header[1])
+    is_root = call.rank == root
+    numeric = isinstance(obj, np.ndarray) and obj.dtype.kind in "biufc"
+    header = call.bcast((("array", obj.shape, obj.dtype.str) if numeric else ("object", obj)) if is_root else None, root,
+                        label=type(obj).__name__)
+    if header[0] == "object":
+        return obj if is_root else header[1]
     _, shape, dtype = header
     buf = np.ascontiguousarray(obj) if is_root else np.empty(shape, dtype=dtype)
-    call.bcast_buf(buf, root)
+    call.bcast_array(buf, root)
     return obj if is_root else buf
 
 
 def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None, timeout: Any = DEFAULT) -> np.ndarray | None:
     """Concatenate each rank's rows in rank order; ranks may hold different numbers of rows.
 
-    Collective. Row counts and trailing shapes are exchanged first (one small allgather), so a
-    rank whose rows have a different width or dtype makes every rank raise
-    :class:`~mpinb.CollectiveMismatchError` instead of corrupting the result. The rows then move
-    with one ``Gatherv`` (or ``Allgatherv``) using counts and displacements.
+    Collective. The arrival message checks the trailing shape and dtype, so a rank whose rows have
+    a different width or dtype makes every rank raise :class:`~mpinb.CollectiveMismatchError`
+    instead of corrupting the result. The row counts are then gathered, and the rows move with one
+    ``Gatherv`` (or ``Allgatherv``) using counts and displacements.
 
     Parameters
     ----------
@@ -271,41 +297,34 @@ def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None, timeout: 
     numpy.ndarray or None
         All rows in rank order on ``root`` (on every rank when ``root=None``); ``None`` elsewhere.
     """
-    comm = _resolve(comm)
+    chan = _collective.channel(comm)
     if root is not None:
-        _check_root(root, comm)
+        _check_root(root, chan.size)
     arr = np.ascontiguousarray(np.asarray(local))
     if arr.ndim == 0:
         raise ValueError(f"gather_rows needs rows along axis 0; got a 0-d value {arr!r}.")
-    with _deadline.begin(comm, "gather_rows", timeout) as call:
+    layout = f"rows of shape {arr.shape[1:]} and dtype {arr.dtype}" + ("" if root is None else f", to rank {root}")
+    with chan.begin("gather_rows", layout, timeout=timeout, what="gather_rows's row shape, dtype and root") as call:
         return _gather_rows(arr, root, call)
 
 
 def _gather_rows(arr: np.ndarray, root: int | None, call: Any) -> np.ndarray | None:
-    meta = call.allgather((arr.shape[0], arr.shape[1:], arr.dtype.str))
-    layouts = {(trailing, dtype) for _, trailing, dtype in meta}
-    if len(layouts) > 1:
-        raise CollectiveMismatchError(
-            _layout_mismatch([(trailing, dtype) for _, trailing, dtype in meta])
-        )
     if arr.dtype.kind not in "biufc":
         # Objects and strings have no fixed-size MPI type; small, so pickling is fine here.
         parts = call.allgather(arr) if root is None else call.gather(arr, root)
         return None if parts is None else np.concatenate(parts)
-    row = int(np.prod(arr.shape[1:], dtype=np.int64))
-    counts = np.array([n * row for n, _, _ in meta], dtype=np.int64)
-    displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-    total_rows = sum(n for n, _, _ in meta)
-    if root is None or call.state.rank == root:
-        result = np.empty((total_rows, *arr.shape[1:]), dtype=arr.dtype)
-        recv = [result.reshape(-1), (counts, displs)]
-    else:
-        result, recv = None, None
-    if root is None:
-        call.allgatherv(arr.reshape(-1), recv)
-    else:
-        call.gatherv(arr.reshape(-1), recv, root)
-    return result
+    rows = call.allgather_ints(np.array([arr.shape[0]], dtype=np.int64))[:, 0]
+    width = int(np.prod(arr.shape[1:], dtype=np.int64))
+    counts = rows * width
+    if root is None or call.rank == root:
+        result = np.empty((int(rows.sum()), *arr.shape[1:]), dtype=arr.dtype)
+        if root is None:
+            call.allgatherv(arr.reshape(-1), result.reshape(-1), counts)
+        else:
+            call.gatherv(arr.reshape(-1), result.reshape(-1), counts, root)
+        return result
+    call.gatherv(arr.reshape(-1), None, None, root)
+    return None
 
 
 def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, timeout: Any = DEFAULT, **kwargs: Any) -> Any:
@@ -313,7 +332,8 @@ def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, timeout: Any =
 
     Collective. Use it for root-only side effects whose outcome every rank must know: reading a
     config file, writing a checkpoint, drawing shared random numbers. If ``fn`` raises on root,
-    the same exception type and message is raised on every rank. ``timeout`` (seconds, default
+    the same exception type and message is raised on every rank (``RuntimeError`` naming the type
+    where some rank cannot import it by name: exceptions cross as module, name and message). ``timeout`` (seconds, default
     :func:`mpinb.get_collective_timeout`, ``None`` waits forever) bounds the whole call, ``fn``'s
     run on root included; past it the waiting ranks raise :class:`~mpinb.CollectiveTimeout`.
 
@@ -322,34 +342,23 @@ def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, timeout: Any =
     object
         ``fn``'s return value on every rank (broadcast with :func:`bcast`).
     """
-    comm = _resolve(comm)
-    with _deadline.begin(comm, "on_root", timeout) as call:
-        return _on_root(fn, args, kwargs, call)
-
-
-def _on_root(fn: Callable[..., Any], args: Any, kwargs: Any, call: Any) -> Any:
+    chan = _collective.channel(comm)
     result: Any = None
     error: Exception | None = None
-    if call.state.rank == 0:
+    if chan.rank == 0:
         try:
             result = fn(*args, **kwargs)
-        except Exception as err:  # noqa: BLE001 - re-raised on every rank below
+        except Exception as err:  # noqa: BLE001 - re-raised on every rank below (one rank included)
             error = err
-    if call.state.size == 1:
+    with chan.begin("on_root", timeout=timeout, votes=(int(error is not None), 0)) as call:
+        if not call.votes[0]:
+            return _bcast(result, 0, call)
+        module, qualname, message = call.bcast(None if error is None else _record(error), 0)
+        raised = agree_on_exception(call, module, qualname, message)
+        raised.add_note(f"raised on rank 0 by {getattr(fn, '__qualname__', repr(fn))} (mpinb.on_root)")
         if error is not None:
-            raise error
-        return result
-    verdict = call.bcast(None if error is None else (type(error), str(error)), 0)
-    if verdict is None:
-        return _bcast(result, 0, call)
-    if error is not None:
-        raise error
-    from mpinb.errors import _instantiate
-
-    kind, message = verdict
-    raised = _instantiate(kind, message)
-    raised.add_note(f"raised on rank 0 by {getattr(fn, '__qualname__', repr(fn))} (mpinb.on_root)")
-    raise raised
+            raised.__cause__ = error
+        call.fail(raised)
 
 
 def rprint(
@@ -361,15 +370,15 @@ def rprint(
     each rank's stdout travels separately (ipyparallel, ``mpiexec``). With ``root_only=True`` only
     rank 0 prints and nothing is communicated. ``timeout`` as in :func:`allreduce`.
     """
-    comm = _resolve(comm)
-    rank, size = comm.Get_rank(), comm.Get_size()
+    chan = _collective.channel(comm)
+    rank, size = chan.rank, chan.size
     text = sep.join(map(str, args))
     stream = sys.stdout if file is None else file
     if root_only:
         if rank == 0:
             print(_prefix(text, 0, size), file=stream, flush=True)
         return
-    with _deadline.begin(comm, "rprint", timeout) as call:
+    with chan.begin("rprint", timeout=timeout) as call:
         texts = call.gather(text, 0)
     if rank == 0:
         print("\n".join(_prefix(t, r, size) for r, t in enumerate(texts)), file=stream, flush=True)
@@ -378,8 +387,9 @@ def rprint(
 def limit_threads(n: int | None = None, *, comm: Any = None, timeout: Any = DEFAULT) -> int:
     """Set this rank's BLAS/OpenMP (and TensorFlow) thread budget so ranks do not oversubscribe cores.
 
-    Collective: with ``n=None`` the ranks on each node share the cores their CPU affinity allows,
-    ``max(1, cores // ranks_on_node)`` each (one small exchange on the node). Sets the variables
+    Collective: the first time it meets ``comm`` (as :func:`world`). With ``n=None`` the ranks on
+    each node share the cores their CPU affinity allows, ``max(1, cores // ranks_on_node)`` each,
+    from the hosts and affinities mpinb exchanged when it set up. Sets the variables
     read by libraries loaded later (``OMP_NUM_THREADS`` and friends, ``TF_NUM_*_THREADS``), limits
     already-loaded BLAS/OpenMP pools with threadpoolctl, and configures TensorFlow when it is
     imported and not yet initialised.
@@ -401,11 +411,8 @@ def limit_threads(n: int | None = None, *, comm: Any = None, timeout: Any = DEFA
     """
     if n is not None and (not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1):
         raise ValueError(f"n must be a positive integer number of threads; got {n!r}.")
-    comm = _resolve(comm)
     if n is None:
-        with _deadline.begin(comm, "limit_threads", timeout) as call:
-            call.barrier()  # under a deadline: every rank is here before the blocking split
-            n = _default_threads(comm)
+        n = _default_threads(comm, timeout)
     n = int(n)
     for var in _THREAD_VARS:
         os.environ[var] = str(n)
@@ -422,14 +429,7 @@ def limit_threads(n: int | None = None, *, comm: Any = None, timeout: Any = DEFA
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
                 "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-_scratch_local = threading.local()
-_SEGMENT_BYTES = 4 << 20
-
-
-def _node_comm(comm: Any) -> Any:
-    from mpi4py import MPI
-
-    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+_ALONE = 1 << 18  # arrays this large (bytes) are reduced on their own, without a packing copy
 
 
 def _wire(dtype: np.dtype, op: str) -> tuple[np.dtype, np.dtype]:
@@ -444,50 +444,9 @@ def _wire(dtype: np.dtype, op: str) -> tuple[np.dtype, np.dtype]:
     return dtype.newbyteorder("="), dtype.newbyteorder("=")
 
 
-def _allreduce_segmented(call: Any, buf: np.ndarray, op: Any) -> None:
-    """One ``Allreduce`` for payloads up to 8 MiB; 4 MiB segments above.
-
-    MPICH's shared-memory allreduce slows down once a message no longer fits in cache: on a 2-core
-    machine one 64 MiB call took 40 ms where sixteen 4 MiB calls took 18 ms (and 4 MiB is where the
-    per-call latency stops mattering). Every rank cuts the same buffer the same way, so the calls
-    match across ranks.
-    """
-    step = max(1, _SEGMENT_BYTES // buf.itemsize)
-    if buf.size <= 2 * step:
-        call.allreduce(buf, op)
-        return
-    for start in range(0, buf.size, step):
-        call.allreduce(buf[start : start + step], op)
-
-
-def _scratch(dtype: np.dtype, n: int) -> np.ndarray:
-    """A reusable per-thread buffer of at least n items; fresh multi-MB buffers per call cost more
-    than the reduction itself."""
-    cache = getattr(_scratch_local, "buffers", None)
-    if cache is None:
-        cache = _scratch_local.buffers = {}
-    buf = cache.get(dtype)
-    if buf is None or buf.size < n:
-        buf = np.empty(max(n, 2 * buf.size if buf is not None else n), dtype=dtype)
-        cache[dtype] = buf
-    return buf[:n]
-
-
-def _check_root(root: int, comm: Any) -> None:
-    size = comm.Get_size()
+def _check_root(root: int, size: int) -> None:
     if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < size:
         raise ValueError(f"root must be a rank between 0 and {size - 1}; got {root!r}.")
-
-
-def _layout_mismatch(layouts: list[tuple[tuple[int, ...], str]]) -> str:
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for rank, layout in enumerate(layouts):
-        groups.setdefault(layout, []).append(rank)
-    listing = "; ".join(
-        f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))}: rows of shape {t} and dtype {np.dtype(d)}"
-        for (t, d), r in groups.items()
-    )
-    return f"gather_rows needs rows of the same shape and dtype on every rank ({listing})."
 
 
 def _prefix(text: str, rank: int, size: int) -> str:
@@ -495,22 +454,13 @@ def _prefix(text: str, rank: int, size: int) -> str:
     return "\n".join(tag + line for line in (text.splitlines() or [""]))
 
 
-def _default_threads(comm: Any) -> int:
-    node = _node_comm(comm)
-    try:
-        mine = _affinity()
-        cores = set().union(*node.allgather(mine))
-        local_size = node.Get_size()
-    finally:
-        node.Free()
-    return max(1, min(len(mine), len(cores) // local_size))
-
-
-def _affinity() -> frozenset[int]:
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no affinity API
-        return frozenset(range(os.cpu_count() or 1))
+def _default_threads(comm: Any, timeout: Any) -> int:
+    chan = _collective.channel(comm)
+    chan.ensure_ready(timeout)
+    local = chan.local_ranks()
+    mine = chan.affinity[chan.rank]
+    cores = set().union(*(chan.affinity[r] for r in local))
+    return max(1, min(len(mine), len(cores) // len(local)))
 
 
 def _limit_tensorflow(n: int) -> None:

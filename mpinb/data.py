@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from mpinb import _collective
 from mpinb.errors import _resolve, check_same, raise_together
 from mpinb.shards import shard_bounds
 
@@ -499,7 +500,7 @@ def _seed(random_state: Any, shard: bool, comm: Any) -> int:
     comm = _resolve(comm)
     if comm.Get_size() == 1:
         return fresh
-    return int(comm.bcast(fresh, root=0))
+    return int(_collective.bcast(fresh, comm=comm, name="a shared random seed"))
 
 
 def _vertices(rng: np.random.Generator, k: int, dim: int) -> np.ndarray:

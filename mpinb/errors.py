@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from mpinb import deadline as _deadline
 
 __all__ = [
+    "CollectiveAbandoned",
     "CollectiveMismatchError",
     "CollectiveTimeout",
     "check_all",
@@ -29,11 +29,11 @@ class CollectiveMismatchError(ValueError):
 class CollectiveTimeout(TimeoutError):
     """A collective did not complete within its deadline because some ranks never arrived.
 
-    Raised on each rank that waited, naming the operation (``allreduce #12``: the 12th mpinb
-    collective on this communicator), the missing ranks and the last mpinb collective each of them
-    entered. Also raised by a late rank's next mpinb collective on that communicator. The
-    communicator is unusable afterwards: the abandoned operation can no longer be matched across
-    ranks, so continue on a fresh communicator (one made before the failure, e.g. ``comm.Dup()``).
+    Raised on each rank whose deadline passed, naming the operation (``allreduce #12``: the 12th
+    mpinb collective since mpinb last moved to a fresh communicator), the missing ranks and where
+    each of them was (its last mpinb collective, or the one it is in). The ranks waiting with it
+    raise :class:`CollectiveAbandoned`; every rank then moves to a fresh private communicator, so
+    the next collective works once every rank calls it, with the engines' state intact.
 
     Attributes
     ----------
@@ -71,14 +71,40 @@ class CollectiveTimeout(TimeoutError):
         return str(self.args[0]) if self.args else ""
 
 
+class CollectiveAbandoned(RuntimeError):
+    """Another rank gave up on the collective this rank was waiting in.
+
+    Raised on each rank that was waiting when a rank's deadline passed or it was interrupted;
+    names who gave up on which collective, and why. mpinb then moves every rank to a fresh
+    communicator, so the next collective works once every rank calls it.
+
+    Attributes
+    ----------
+    operation : str or None
+        The collective this rank was waiting in.
+    by : int or None
+        The rank that gave up.
+    reason : str
+        Why it gave up ("timed out after 2 s", "was interrupted (KeyboardInterrupt)").
+    rank : int or None
+        The rank that raised it.
+    """
+
+    def __init__(self, message: str, *, operation: str | None = None, by: int | None = None, reason: str = "",
+                 rank: int | None = None) -> None:
+        super().__init__(message)
+        self.operation, self.by, self.reason, self.rank = operation, by, reason, rank
+
+
 def check_all(
     ok: bool, message: str, *, comm: Any = None, exc: type[Exception] = ValueError, timeout: Any = _deadline.DEFAULT
 ) -> None:
     """Raise the same exception on every rank if ``ok`` is false on any rank.
 
-    Collective: every rank of ``comm`` calls it. One small allgather decides for all ranks, so a
-    data-dependent check (an empty shard, a NaN on one rank) fails everywhere instead of leaving the
-    healthy ranks waiting in the next collective.
+    Collective: every rank of ``comm`` calls it. The verdicts ride in the arrival message of one
+    small collective, so a data-dependent check (an empty shard, a NaN on one rank) fails everywhere
+    instead of leaving the healthy ranks waiting in the next collective; only a failure moves the
+    messages.
 
     Parameters
     ----------
@@ -104,20 +130,22 @@ def check_all(
     --------
     >>> mpinb.check_all(len(X_local) > 0, f"this shard is empty ({len(X_local)} rows)")
     """
-    comm = _resolve(comm)
-    with _deadline.begin(comm, "check_all", timeout) as call:
-        verdicts = call.allgather((bool(ok), None if ok else str(message)))
-    failed = {rank: msg for rank, (good, msg) in enumerate(verdicts) if not good}
-    if failed:
-        raise exc(_compose(failed, comm.Get_size()))
+    from mpinb import _collective
+
+    with _collective.collective(comm, "check_all", timeout=timeout, votes=(0 if ok else 1, 0)) as op:
+        if not op.votes[0]:
+            return
+        verdicts = op.allgather(None if ok else str(message))
+        failed = {rank: msg for rank, msg in enumerate(verdicts) if msg is not None}
+        op.fail(exc(_compose(failed, op.size)))
 
 
 def check_same(value: Any, what: str, *, comm: Any = None, timeout: Any = _deadline.DEFAULT) -> None:
     """Raise :class:`CollectiveMismatchError` on every rank unless ``value`` is equal on all ranks.
 
     Collective. ``value`` is compared by its ``repr``, so pass hashable descriptions such as
-    shapes, dtype strings and hyper-parameters, not bulk data. The common case costs one
-    two-integer ``Allreduce``; only a mismatch gathers the values to write the message.
+    shapes, dtype strings and hyper-parameters, not bulk data. A digest of it rides in the arrival
+    message of one small collective; only a mismatch gathers the values to write the message.
 
     Parameters
     ----------
@@ -131,27 +159,10 @@ def check_same(value: Any, what: str, *, comm: Any = None, timeout: Any = _deadl
         Seconds to wait for the other ranks before raising :class:`CollectiveTimeout`; by default
         :func:`mpinb.get_collective_timeout`, and ``None`` waits forever.
     """
-    comm = _resolve(comm)
-    with _deadline.begin(comm, "check_same", timeout) as call:
-        _check_same(value, what, call)
+    from mpinb import _collective
 
-
-def _check_same(value: Any, what: str, call: Any) -> None:
-    """check_same's worker, inside an mpinb collective already begun (allreduce uses it too)."""
-    if call.state.size == 1:
-        return
-    import numpy as np
-    from mpi4py import MPI
-
-    text = repr(value)
-    # Python's hash() of str is salted per process; a keyed digest is identical on every rank.
-    digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
-    buf = np.array([digest, -digest], dtype=np.int64)
-    call.allreduce(buf, MPI.MIN)
-    if buf[0] == -buf[1]:
-        return
-    texts = call.allgather(text)
-    raise CollectiveMismatchError(_describe_mismatch(what, texts))
+    with _collective.collective(comm, "check_same", repr(value), timeout=timeout, what=what):
+        pass
 
 
 @contextmanager
@@ -160,9 +171,12 @@ def raise_together(*, comm: Any = None, timeout: Any = _deadline.DEFAULT) -> Ite
 
     Collective: every rank enters and leaves the block. The exception type of the lowest failing
     rank is raised everywhere with a message naming the failing ranks, so validation written as
-    ordinary ``raise`` statements becomes a collective decision. ``timeout`` (seconds, default
-    :func:`mpinb.get_collective_timeout`, ``None`` waits forever) bounds the wait at the block's end
-    for the other ranks; past it, :class:`CollectiveTimeout` is raised.
+    ordinary ``raise`` statements becomes a collective decision. Exceptions cross ranks as module,
+    name and message, never pickled: a type that some rank cannot import by that name (one defined
+    inside a function, say) becomes ``RuntimeError`` on every rank, its message naming the type.
+    ``timeout`` (seconds, default :func:`mpinb.get_collective_timeout`, ``None`` waits forever)
+    bounds the wait at the block's end for the other ranks; past it, :class:`CollectiveTimeout` is
+    raised.
 
     Examples
     --------
@@ -171,24 +185,36 @@ def raise_together(*, comm: Any = None, timeout: Any = _deadline.DEFAULT) -> Ite
     ...     if not np.isfinite(X).all():
     ...         raise ValueError("X contains NaN or infinity")
     """
-    comm = _resolve(comm)
+    from mpinb import _collective
+
     error: BaseException | None = None
     try:
         yield
     except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
         error = err
-    report = None if error is None else (type(error), str(error))
-    with _deadline.begin(comm, "raise_together", timeout) as call:
-        reports = call.allgather(report)
-    failed = {rank: rep for rank, rep in enumerate(reports) if rep is not None}
-    if not failed:
-        return
-    first_type = failed[min(failed)][0]
-    message = _compose({rank: msg for rank, (_, msg) in failed.items()}, comm.Get_size())
-    raised = _instantiate(first_type, message)
-    if error is not None and type(error) is first_type:
-        raise raised from error
-    raise raised
+    with _collective.collective(comm, "raise_together", timeout=timeout, votes=(int(error is not None), 0)) as op:
+        if not op.votes[0]:
+            return
+        reports = op.allgather(None if error is None else _record(error))
+        failed = {rank: rep for rank, rep in enumerate(reports) if rep is not None}
+        first = failed[min(failed)]
+        message = _compose({rank: text for rank, (_, _, text) in failed.items()}, op.size)
+        raised = agree_on_exception(op, first[0], first[1], message)
+        if error is not None and _record(error)[:2] == first[:2]:
+            raised.__cause__ = error
+        op.fail(raised)
+
+
+def agree_on_exception(op: Any, module: str, qualname: str, message: str) -> BaseException:
+    """The exception every rank raises for a type known by ``module`` and ``qualname``.
+
+    Collective, inside operation ``op``: the type is used only if every rank can import it by that
+    name and build it from a message, else every rank gets ``RuntimeError`` naming the type.
+    """
+    kind = _find_type(module, qualname)
+    if not all(op.allgather(kind is not None)):
+        kind = None
+    return _instantiate(kind, module, qualname, message)
 
 
 def _is_int(value: Any) -> bool:
@@ -249,9 +275,32 @@ def _clip_to_difference(texts: list[str], width: int = 80) -> dict[str, str]:
     return {t: ("..." if start else "") + t[start : start + width] + ("..." if start + width < len(t) else "") for t in texts}
 
 
-def _instantiate(kind: type[BaseException], message: str) -> BaseException:
-    # Exception types whose constructor needs more than a message (rare) degrade to RuntimeError.
+def _record(error: BaseException) -> tuple[str, str, str]:
+    """How an exception crosses ranks: its type's module and qualified name, and its message."""
+    kind = type(error)
+    return kind.__module__, kind.__qualname__, str(error)
+
+
+def _find_type(module: str, qualname: str) -> type[BaseException] | None:
+    if "<" in qualname:  # defined inside a function: no name reaches it
+        return None
+    import importlib
+
     try:
-        return kind(message)
-    except Exception:  # noqa: BLE001
-        return RuntimeError(f"{kind.__name__}: {message}")
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except Exception:  # noqa: BLE001 - any failure means: not importable by name
+        return None
+    return found if isinstance(found, type) and issubclass(found, BaseException) else None
+
+
+def _instantiate(kind: type[BaseException] | None, module: str, qualname: str, message: str) -> BaseException:
+    # A type that cannot be rebuilt from a message alone (rare) degrades to RuntimeError too.
+    if kind is not None:
+        try:
+            return kind(message)
+        except Exception:  # noqa: BLE001
+            pass
+    name = qualname if module == "builtins" else f"{module}.{qualname}"
+    return RuntimeError(f"{name}: {message}")

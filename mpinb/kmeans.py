@@ -12,6 +12,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
+from mpinb import _collective
 from mpinb._kmeans_lloyd import (
     SUM_ELEMENTS,
     Run,
@@ -284,10 +285,8 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             weights = _as_weights(sample_weight, X.shape[0])
             labels = self.predict(X)
             local = local_inertia(X, weights, np.asarray(self.cluster_centers_, dtype=np.float64), labels)
-        from mpi4py import MPI
-
         total = np.array([local])
-        comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+        _collective.reduce_in_place([total], comm=comm, name="KMeans.score")
         return -float(total[0])
 
     def __getstate__(self) -> dict[str, Any]:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import functools
-import time
 import weakref
 from typing import Any
 
 import numpy as np
 
-from mpinb import _numba
-from mpinb import deadline as _deadline
+from mpinb import _collective, _numba
 
 __all__ = ["Packer", "sum_over_ranks"]
 
@@ -45,6 +43,8 @@ class Packer:
         self.shapes = [g.shape for g in grads]
         self.dtypes = dtypes
         self.lengths = ends
+        # What every rank must agree on before summing: the buffers' lengths and dtypes.
+        self.layout = tuple((n, d.str) for n, d in zip(ends, dtypes))
         self._sets: list[_BufferSet] = []
         self.allocations = 0
 
@@ -81,27 +81,18 @@ class Packer:
         return bufs
 
 
-def sum_over_ranks(bufs: _BufferSet, comm: Any, name: str) -> float:
+def sum_over_ranks(bufs: _BufferSet, layout: Any, comm: Any, name: str) -> float:
     """Sum each buffer of ``bufs`` over the ranks, in place; returns the seconds spent waiting.
 
-    Collective. The ranks first meet at a barrier, which splits the time into waiting for the
-    slowest rank (load imbalance or noise) and moving the data, and which runs under mpinb's
-    collective deadline when one is set: a rank that does not come then raises
-    :class:`~mpinb.CollectiveTimeout` naming it, instead of a hang. Once every rank is there the
-    Allreduce itself cannot be left waiting, so it blocks (microseconds cheaper than polling).
+    Collective, through mpinb's collective layer: the arrival message (which also checks that
+    every rank packed the same ``layout``) splits the time into waiting for the slowest rank (load
+    imbalance or noise) and moving the data, and runs under mpinb's collective deadline when one is
+    set, so a rank that does not come is named in a :class:`~mpinb.CollectiveTimeout` instead of a
+    hang.
     """
-    from mpi4py import MPI
-
-    t0 = time.perf_counter()
-    with _deadline.begin(comm, name) as call:
-        if call.deadline is None:
-            comm.Barrier()
-        else:
-            call.barrier()
-        waited = time.perf_counter() - t0
-        for buf in bufs.buffers:
-            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    return waited
+    with _collective.collective(comm, name, layout, what=f"{name}'s buffer layout") as call:
+        call.allreduce(bufs.buffers, "sum")
+    return call.waited
 
 
 class _BufferSet:

@@ -117,5 +117,5 @@ class ArrayAverager:
             self._packer, self._layout = Packer(arrays), layout
         assert self._packer is not None
         bufs = self._packer.fill(arrays, 1.0 / self.comm.Get_size(), (0.0, 0.0))
-        waited = sum_over_ranks(bufs, self.comm, "fit's weight average")
+        waited = sum_over_ranks(bufs, self._packer.layout, self.comm, "fit's weight average")
         return self._packer.unpack(bufs), waited

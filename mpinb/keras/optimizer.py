@@ -185,7 +185,7 @@ class _Exchange:
             packer = self._packers[key] = Packer(grads)
         bufs = packer.fill(grads, 1.0 / self.comm.Get_size(), self.votes)
         try:
-            self.wait_seconds += sum_over_ranks(bufs, self.comm, "gradient exchange")
+            self.wait_seconds += sum_over_ranks(bufs, packer.layout, self.comm, "gradient exchange")
         except BaseException as err:
             # TensorFlow re-raises errors from inside a step as its own UnknownError; keep the
             # original (a CollectiveTimeout naming the missing rank) for mpinb.keras.fit to raise.

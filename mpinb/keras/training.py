@@ -13,6 +13,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from mpinb import _collective
 from mpinb.comm import allreduce, limit_threads, on_root
 from mpinb.errors import CollectiveMismatchError, _is_int, _resolve, check_all, check_same, raise_together
 from mpinb.keras._sync import ArrayAverager, epoch_batches, steps_per_epoch, sum_arrays
@@ -166,7 +167,7 @@ def _fit(model: Any, x: Any, y: Any, batch_size: int, epochs: int, validation_da
         comm=comm,
     )
     per_rank = batch_size // size
-    counts = comm.allgather(n_local)
+    counts = _collective.allgather(n_local, comm=comm, name="fit's row counts")
     check_all(
         n_local >= per_rank,
         f"this rank holds {n_local} training rows, fewer than one per-rank batch of {per_rank} "
@@ -376,8 +377,8 @@ class _FitLoop(keras.callbacks.Callback):
         comm_s, wait_s = self._exchange_times() - self._at_begin + self._weights_times
         sync_non_trainable(self.model, comm=self.comm)
         local = {k: float(np.asarray(v)) for k, v in logs.items() if np.ndim(v) == 0}
-        gathered = self.comm.allgather((sorted(local), [local[k] for k in sorted(local)], wall - comm_s, comm_s,
-                                        self._steps_done, wait_s))
+        gathered = _collective.allgather((sorted(local), [local[k] for k in sorted(local)], wall - comm_s, comm_s,
+                                          self._steps_done, wait_s), comm=self.comm, name="fit's epoch logs")
         keys = gathered[0][0]
         if any(g[0] != keys for g in gathered):
             raise CollectiveMismatchError(

@@ -50,8 +50,10 @@ def test_setter_refuses_nonsense(bad) -> None:
         deadline.set_collective_timeout(bad)
 
 
-def test_one_rank_needs_no_waiting_and_no_board() -> None:
+def test_one_rank_needs_no_waiting_and_no_set_up() -> None:
     from mpi4py import MPI
+
+    from mpinb import _collective
 
     deadline.set_collective_timeout(0.001)
     comm = MPI.COMM_SELF
@@ -59,8 +61,8 @@ def test_one_rank_needs_no_waiting_and_no_board() -> None:
         (out,) = mpinb.allreduce([np.ones(3)], comm=comm)
         assert np.array_equal(out, np.ones(3))
     assert mpinb.bcast({"k": 1}, comm=comm) == {"k": 1}
-    state = deadline._state_of(comm)
-    assert state.board is None and state.broken is None and state.number >= 4
+    chan = _collective.channel(comm)
+    assert chan.ready and chan.gens == [] and chan.board is None and chan.ctrl is None
 
 
 def test_collective_timeout_is_a_timeout_error_with_details() -> None:

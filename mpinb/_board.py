@@ -1,0 +1,148 @@
+"""The status board: every rank's last mpinb collective, readable by the ranks on its host.
+
+Each rank owns one row in a small file it maps into memory (in ``/dev/shm`` where there is one).
+Writing the row is a few plain stores, so every collective records itself at no communication
+cost; a rank that gives up waiting reads the rows of the ranks on its host, so it can say where a
+missing rank is even while that rank computes, sleeps or is blocked elsewhere. The files are
+unlinked once every rank has opened its neighbours' (the mappings outlive the names), so nothing
+is left behind however a process ends. No MPI here: the collective layer exchanges the paths.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+import time
+import uuid
+
+import numpy as np
+
+__all__ = ["Board", "Row"]
+
+_WORDS = 32  # this rank's row (16 words); in the host leader's file, 16 more words the host shares
+_HOST_REVOKED = 16  # 1 + the newest generation some rank on this host gave up on
+_GEN, _INDEX, _ENTERED, _LEFT, _PHASE, _OUTCOME, _PID = range(7)
+_NAME = slice(8, 16)  # 64 bytes of UTF-8
+
+# Phases of an operation, and how it ended.
+IDLE, ARRIVING, MOVING, SWITCHING = 0, 1, 2, 3
+DONE, FAILED, TIMED_OUT, ABANDONED = 1, 2, 3, 4
+_PHASES = {ARRIVING: "waiting for the others to arrive", MOVING: "moving data",
+           SWITCHING: "moving to a fresh communicator"}
+_OUTCOMES = {DONE: "left", FAILED: "raised", TIMED_OUT: "timed out", ABANDONED: "gave up"}
+
+
+class Row:
+    """A snapshot of one rank's record."""
+
+    __slots__ = ("gen", "index", "name", "entered_ns", "left_ns", "phase", "outcome")
+
+    def __init__(self, words: np.ndarray) -> None:
+        self.gen, self.index = int(words[_GEN]), int(words[_INDEX])
+        self.entered_ns, self.left_ns = int(words[_ENTERED]), int(words[_LEFT])
+        self.phase, self.outcome = int(words[_PHASE]), int(words[_OUTCOME])
+        self.name = np.ascontiguousarray(words[_NAME]).tobytes().rstrip(b"\0").decode(errors="replace")
+
+    @property
+    def inside(self) -> bool:
+        return self.index > 0 and self.left_ns == 0
+
+    def describe(self, now_ns: int | None = None) -> str:
+        """``allreduce #3 (generation 1), entered 2.0 s ago and still inside it, moving data``."""
+        if self.index == 0 and self.gen == 0:
+            return "no mpinb collective on this communicator yet"
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        what = f"{self.name} #{self.index}" + (f" (generation {self.gen})" if self.gen else "")
+        entered = (now_ns - self.entered_ns) / 1e9
+        if self.inside:
+            return f"{what}, entered {entered:.1f} s ago and still inside it, {_PHASES.get(self.phase, 'waiting')}"
+        how = _OUTCOMES.get(self.outcome, "left")
+        return f"{what}, entered {entered:.1f} s ago, {how} {(now_ns - self.left_ns) / 1e9:.1f} s ago"
+
+
+class Board:
+    """This rank's row, writable, and the rows of the other ranks on this host, read-only; plus the
+    words the host shares, in the file of its lowest rank (the leader), writable by all."""
+
+    def __init__(self) -> None:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        self.path = os.path.join(folder, f"mpinb-board-{uuid.uuid4().hex}")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, _WORDS * 8)
+            self._own_map = mmap.mmap(fd, _WORDS * 8)
+        finally:
+            os.close(fd)
+        # A memoryview of int64: item stores cost a fraction of NumPy's, and every collective makes six.
+        self.mine = memoryview(self._own_map).cast("q")
+        self.mine[_PID] = os.getpid()
+        self.peers: dict[int, np.ndarray] = {}
+        self.shared = self.mine  # the host's shared words live in the leader's file
+        self._maps: list[mmap.mmap] = []
+        self._names: dict[str, memoryview] = {}
+        self._last_name = ""
+
+    def open_peers(self, paths: dict[int, str], leader: int) -> None:
+        """Map the rows of the other ranks on this host (rank -> path), the leader's writable; rows
+        that cannot be opened (another host that happens to share the name, a private /tmp) are
+        simply not read."""
+        for rank, path in paths.items():
+            writable = rank == leader
+            try:
+                fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                mapped = mmap.mmap(fd, _WORDS * 8, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+            except (OSError, ValueError):
+                continue
+            finally:
+                os.close(fd)
+            self._maps.append(mapped)
+            self.peers[rank] = np.frombuffer(mapped, dtype=np.int64)
+            if writable:
+                self.shared = memoryview(mapped).cast("q")
+
+    def host_revoked(self) -> int:
+        """1 + the newest generation a rank on this host gave up on (0: none)."""
+        return int(self.shared[_HOST_REVOKED])
+
+    def mark_revoked(self, gen: int) -> None:
+        # Generations are revoked one after another, so the word only grows; no lock needed.
+        if self.shared[_HOST_REVOKED] < gen + 1:
+            self.shared[_HOST_REVOKED] = gen + 1
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    def enter(self, gen: int, index: int, name: str, phase: int) -> None:
+        mine = self.mine
+        if self._last_name != name:
+            mine[_NAME] = self._encode(name)
+            self._last_name = name
+        mine[_GEN], mine[_INDEX] = gen, index
+        mine[_ENTERED], mine[_LEFT] = time.time_ns(), 0
+        mine[_PHASE], mine[_OUTCOME] = phase, 0
+
+    def phase(self, phase: int) -> None:
+        self.mine[_PHASE] = phase
+
+    def leave(self, outcome: int) -> None:
+        self.mine[_LEFT] = time.time_ns()
+        self.mine[_OUTCOME] = outcome
+        self.mine[_PHASE] = IDLE
+
+    def read(self, rank: int) -> Row | None:
+        words = self.peers.get(rank)
+        return None if words is None else Row(words[:16].copy())
+
+    def _encode(self, name: str) -> memoryview:
+        encoded = self._names.get(name)
+        if encoded is None:
+            raw = name.encode()[:64].ljust(64, b"\0")
+            encoded = self._names[name] = memoryview(raw).cast("q")
+        return encoded

@@ -1,0 +1,54 @@
+"""The collective layer is the only place mpinb communicates: proven with a counting communicator."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from counting import CountingComm
+from mpi4py import MPI
+from mpitools import assert_everywhere, assert_same_everywhere
+
+import mpinb
+from mpinb.data import load_digits, load_npy, make_blobs
+
+RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+@pytest.fixture
+def counted():
+    # A fresh duplicate: mpinb's channels are cached by communicator, and this one is new to it.
+    base = MPI.COMM_WORLD.Dup()
+    comm = CountingComm(base)
+    yield comm
+    MPI.COMM_WORLD.Barrier()
+    base.Free()
+
+
+def test_kmeans_data_and_errors_communicate_only_through_the_layer(counted) -> None:
+    X, _ = make_blobs(3000, n_features=4, centers=3, random_state=0, comm=counted)
+    km = mpinb.KMeans(3, random_state=0, n_init=2, comm=counted).fit(X)
+    km.score(X)
+    mpinb.KMeans(3, init="random", random_state=1, comm=counted).fit(X)
+    digits = load_digits(comm=counted)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = mpinb.bcast(os.path.join(tmp, "x.npy"), comm=counted)
+        if RANK == 0:
+            np.save(path, np.arange(40.0).reshape(20, 2))
+        mpinb.check_all(True, "saved", comm=counted)
+        rows = load_npy(path, comm=counted)
+        mpinb.check_all(True, "read", comm=counted)
+    with pytest.raises(ValueError, match="bad"):
+        with mpinb.raise_together(comm=counted):
+            if RANK == 0:
+                raise ValueError("bad")
+    mpinb.limit_threads(comm=counted)
+    assert_everywhere(len(digits.X_train) > 0 and len(rows) >= 0)
+    outside = counted.outside()
+    inside = [m for m, who in counted.calls if who == "mpinb._collective"]
+    assert_everywhere(not outside, f"MPI calls outside the collective layer: {outside}")
+    # At one rank the layer sends nothing at all; with more, everything went through it.
+    assert_everywhere((len(inside) > 0) == (SIZE > 1), f"{len(inside)} calls in the layer")
+    assert_same_everywhere(km.cluster_centers_)

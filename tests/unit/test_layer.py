@@ -1,0 +1,55 @@
+"""No mpinb module but the collective layer names an MPI communication method; one rank sends nothing."""
+
+from __future__ import annotations
+
+import ast
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import mpinb
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from counting import CountingComm, is_communication  # noqa: E402
+
+PACKAGE = Path(mpinb.__file__).parent
+
+
+def test_only_the_collective_layer_calls_mpi_communication() -> None:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "_collective.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            # A method call whose name is an MPI communication method, on anything but what is known
+            # not to be a communicator: TensorFlow, NumPy, matplotlib, mpinb's own public API and
+            # the layer's operations.
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_communication(node.func.attr):
+                owner = ast.unparse(node.func.value)
+                if owner.split(".")[0] in {"tf", "np", "ax", "_collective", "call", "op", "mpinb"}:
+                    continue
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {owner}.{node.func.attr}")
+    assert not found, found
+
+
+def test_one_rank_communicates_nothing() -> None:
+    from mpi4py import MPI
+
+    comm = CountingComm(MPI.COMM_SELF.Dup())
+    out = mpinb.allreduce([np.ones(3), 2], comm=comm, timeout=0.001)
+    assert np.array_equal(out[0], np.ones(3)) and out[1] == 2
+    assert mpinb.bcast({"k": 1}, comm=comm) == {"k": 1}
+    mpinb.check_all(True, "fine", comm=comm)
+    km = mpinb.KMeans(2, random_state=0, comm=comm).fit(np.arange(20.0).reshape(10, 2))
+    assert km.n_iter_ >= 1
+    assert comm.calls == []
+
+
+def test_a_world_pulled_to_the_client_carries_no_communicator() -> None:
+    w = mpinb.world()
+    copy = pickle.loads(pickle.dumps(w))
+    assert copy.comm is None and repr(copy) == repr(w)
+    # Unpickling it needs no mpi4py.MPI: the bytes do not mention it.
+    assert b"mpi4py" not in pickle.dumps(w)
