@@ -54,7 +54,8 @@ _NOTICE = 77  # tag of revocation notices on the control communicator
 _SPIN = 1e-3  # busy-poll this long before sleeping: arrival skew on an idle machine stays below it
 _FIRST_PAUSE, _MAX_PAUSE = 2e-5, 1e-3  # sleeps between polls while ranks have yet to arrive
 _DATA_SPIN = 2e-2  # with every rank present, test without yielding for this long
-_CHECK = 5e-5  # seconds between looks at notices and the deadline while spinning
+_CHECK = 5e-5  # seconds between looks at notices and the deadline while ranks arrive
+_CHECK_DATA = 1e-3  # the same while data move
 _OPS = ("sum", "min", "max")
 
 
@@ -452,15 +453,22 @@ class Op:
     def allreduce(self, buffers: Sequence[np.ndarray], op: str = "sum",
                   pairs: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> None:
         """Reduce contiguous ``buffers`` in place, and each ``(send, recv)`` of ``pairs`` into ``recv``
-        (no copy of large arrays); all messages in flight together."""
+        (no copy of large arrays). One message at a time: with MPICH, fifty 1 MiB reductions in
+        flight together took 15% longer than one after the other. Where ranks outnumber cores, all
+        at once: a rank that gets a core then progresses every message (16 MiB in 50 arrays at 4
+        ranks on 2 cores: 44 ms against 140 ms one by one). The messages are the same either way."""
         if self.size == 1:
             for send, recv in pairs:
                 recv[...] = send
             return
         mpi_op = _mpi_op(op)
-        requests = [self.comm.Iallreduce(MPI.IN_PLACE, b, op=mpi_op) for b in buffers if b.size]
-        requests += [self.comm.Iallreduce(s, r, op=mpi_op) for s, r in pairs if s.size]
-        self._wait(requests, (buffers, pairs))
+        post = [(MPI.IN_PLACE, b) for b in buffers if b.size] + [(s, r) for s, r in pairs if s.size]
+        if self.chan.crowded:
+            # More ranks than cores: whichever rank runs should find work for every message.
+            self._wait([self.comm.Iallreduce(s, r, op=mpi_op) for s, r in post], post)
+            return
+        for send, recv in post:
+            self._wait([self.comm.Iallreduce(send, recv, op=mpi_op)], (send, recv))
 
     def bcast_array(self, buf: np.ndarray, root: int) -> None:
         if self.size > 1 and buf.size:
@@ -639,31 +647,32 @@ def _poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: f
         return
     now = time.monotonic()
     spin_until = now + (_DATA_SPIN if spin is None else spin)
-    check_at = now
+    # Probing for notices progresses MPI too, but costs tens of microseconds while megabytes move.
+    interval = _CHECK if spin is not None else _CHECK_DATA
+    check_at = now + interval  # the operation looked for notices when it began
     pause = _FIRST_PAUSE
     gen = None if op is None else op.gen
     while True:
         if testall(requests):
             return
         now = time.monotonic()
-        if now < check_at:
-            continue
-        check_at = now + _CHECK
-        chan.notices()
-        note = None if gen is None else gen.revoked
-        if note is not None and note["rank"] != chan.rank and op.index >= note["index"]:
-            raise _PeerGaveUp(note)
-        if deadline is not None and now >= deadline:
-            if testall(requests):  # the last rank may have arrived while this one slept
-                return
-            raise _DeadlinePassed
+        if now >= check_at:
+            check_at = now + interval
+            chan.notices()
+            note = None if gen is None else gen.revoked
+            if note is not None and note["rank"] != chan.rank and op.index >= note["index"]:
+                raise _PeerGaveUp(note)
+            if deadline is not None and now >= deadline:
+                if testall(requests):  # the last rank may have arrived while this one slept
+                    return
+                raise _DeadlinePassed
         if now >= spin_until or chan.crowded:
             if spin is None:
                 os.sched_yield()
             else:
                 time.sleep(pause if deadline is None else min(pause, max(deadline - now, 0.0)))
                 pause = min(2 * pause, _MAX_PAUSE)
-                check_at = now  # check after every sleep
+                check_at = now  # look again after every sleep
 
 
 MPI: Any = None  # mpi4py.MPI, imported with the first channel (never in the notebook client)

@@ -135,11 +135,6 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None, timeo
     if isinstance(arrays, np.ndarray):
         arrays = [arrays]
     values = [np.asarray(a) for a in arrays]
-    for i, v in enumerate(values):
-        if v.dtype.kind not in "biufc":
-            raise TypeError(f"allreduce reduces numbers and booleans; item {i} has dtype {v.dtype}.")
-        if v.dtype.kind == "c" and op in ("min", "max"):
-            raise TypeError(f"op={op!r} is undefined for complex numbers (item {i}).")
     plan = _plan(values, op)
     with _collective.collective(comm, "allreduce", plan, timeout=timeout,
                                 what="allreduce's shapes, dtypes and op") as call:
@@ -154,77 +149,89 @@ class _Plan:
     """
 
     def __init__(self, shapes: tuple, dtypes: tuple, op: str) -> None:
+        for i, dtype in enumerate(dtypes):
+            if dtype.kind not in "biufc":
+                raise TypeError(f"allreduce reduces numbers and booleans; item {i} has dtype {dtype}.")
+            if dtype.kind == "c" and op in ("min", "max"):
+                raise TypeError(f"op={op!r} is undefined for complex numbers (item {i}).")
         self.text = repr((op, tuple((shape, dtype.str) for shape, dtype in zip(shapes, dtypes))))
-        self.op, self.wire_op = op, "sum" if op == "mean" else op
-        self.shapes = shapes
-        plans = [_wire(dtype, op) for dtype in dtypes]
-        self.results = [result for _, result in plans]
+        self.op, self.wire_op, self.n = op, "sum" if op == "mean" else op, len(shapes)
+        wires, self.results = zip(*[_wire(dtype, op) for dtype in dtypes]) if dtypes else ((), ())
         sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
-        self.alone: list[int] = []  # reduced on their own: no packing copy
-        self.groups: list[tuple[np.dtype, list[int], list[tuple[int, int]]]] = []
+        # Large arrays travel on their own, straight from the input into the result: no packing.
+        self.alone = [(i, wires[i], shapes[i], dtypes[i] == wires[i]) for i in range(self.n)
+                      if sizes[i] * dtypes[i].itemsize >= _ALONE]
         grouped: dict[np.dtype, list[int]] = {}
-        for i, ((wire, _), dtype, n) in enumerate(zip(plans, dtypes, sizes)):
-            if n * dtype.itemsize >= _ALONE:
-                self.alone.append(i)
-            else:
-                grouped.setdefault(wire, []).append(i)
-        self.wires = [wire for wire, _ in plans]
+        for i in range(self.n):
+            if sizes[i] * dtypes[i].itemsize < _ALONE:
+                grouped.setdefault(wires[i], []).append(i)
         # A dict in first-appearance order: the same groups, in the same order, on every rank.
+        self.groups = []
         for wire, members in grouped.items():
-            bounds, offset = [], 0
+            spans, offset = [], 0
             for i in members:
-                bounds.append((offset, offset + sizes[i]))
+                spans.append((i, offset, offset + sizes[i], shapes[i]))
                 offset += sizes[i]
-            self.groups.append((wire, members, bounds))
+            plain = all(self.results[i] == wire for i in members) and (op != "mean" or wire.kind in "fc")
+            self.groups.append((wire, members, spans, plain))
 
     def __repr__(self) -> str:
         return self.text
 
     def run(self, values: list[np.ndarray], call: Any) -> list[Any]:
-        flat: list[Any] = [None] * len(values)
-        in_place: list[np.ndarray] = []
+        out: list[Any] = [None] * self.n
+        packed = [np.concatenate([values[i] for i in members], axis=None, dtype=wire, casting="unsafe")
+                  for wire, members, _, _ in self.groups]
         pairs: list[tuple[np.ndarray, np.ndarray]] = []
-        for i in self.alone:
-            v, wire = values[i], self.wires[i]
-            if v.dtype == wire:
-                flat[i] = np.empty(v.size, dtype=wire)
-                pairs.append((np.ascontiguousarray(v).reshape(-1), flat[i]))
+        alone: list[tuple[int, np.ndarray]] = []
+        for i, wire, shape, same in self.alone:
+            if same:
+                recv = np.empty(shape, dtype=wire)
+                pairs.append((np.ascontiguousarray(values[i]).reshape(-1), recv.reshape(-1)))
             else:
-                flat[i] = v.astype(wire).reshape(-1)
-                in_place.append(flat[i])
-        # A fresh buffer per group, packed in one pass; the results are views of it, so there is
-        # no unpacking copy either.
-        for wire, members, bounds in self.groups:
-            buf = np.concatenate([values[i].reshape(-1) for i in members], dtype=wire, casting="unsafe")
-            for i, (start, stop) in zip(members, bounds):
-                flat[i] = buf[start:stop]
-            in_place.append(buf)
-        call.allreduce(in_place, self.wire_op, pairs=pairs)
-        out: list[Any] = []
+                recv = values[i].astype(wire)
+                packed.append(recv.reshape(-1))
+            alone.append((i, recv))
+        call.allreduce(packed, self.wire_op, pairs=pairs)
         size = call.size
-        for f, shape, result in zip(flat, self.shapes, self.results):
-            if self.op == "mean":
-                if f.dtype == result and f.dtype.kind in "fc":
-                    np.divide(f, size, out=f)
-                else:
-                    f = f / size
-            value = (f if f.dtype == result else f.astype(result)).reshape(shape)
-            out.append(value[()] if not shape else value)
+        for (wire, _, spans, plain), buf in zip(self.groups, packed):
+            if plain:
+                # The results are views of this fresh buffer: no unpacking copy.
+                if self.op == "mean":
+                    buf /= size
+                for i, start, stop, shape in spans:
+                    if len(shape) == 1:
+                        out[i] = buf[start:stop]
+                    else:
+                        out[i] = buf[start] if not shape else buf[start:stop].reshape(shape)
+            else:
+                for i, start, stop, shape in spans:
+                    out[i] = self._finish(buf[start:stop], i, shape, size)
+        for i, recv in alone:
+            out[i] = self._finish(recv, i, recv.shape, size)
         return out
+
+    def _finish(self, flat: np.ndarray, i: int, shape: tuple, size: int) -> Any:
+        result = self.results[i]
+        if self.op == "mean":
+            if flat.dtype == result and flat.dtype.kind in "fc":
+                flat /= size
+            else:
+                flat = flat / size
+        value = (flat if flat.dtype == result else flat.astype(result)).reshape(shape)
+        return value[()] if not shape else value
 
 
 _plans: dict[tuple, _Plan] = {}
 
 
 def _plan(values: list[np.ndarray], op: str) -> _Plan:
-    shapes = tuple([v.shape for v in values])
-    dtypes = tuple([v.dtype for v in values])
-    key = (op, shapes, dtypes)
+    key = (op, tuple([v.shape for v in values]), tuple([v.dtype for v in values]))
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) > 256:
             _plans.clear()
-        plan = _plans[key] = _Plan(shapes, dtypes, op)
+        plan = _plans[key] = _Plan(key[1], key[2], op)
     return plan
 
 
