@@ -52,7 +52,8 @@ __all__ = ["Channel", "allgather", "barrier", "bcast", "channel", "collective", 
 
 _NOTICE = 77  # tag of revocation notices on the control communicator
 _SPIN = 1e-3  # busy-poll this long before sleeping: arrival skew on an idle machine stays below it
-_FIRST_PAUSE, _MAX_PAUSE = 2e-5, 1e-3  # sleeps between polls while ranks have yet to arrive
+_YIELD = 2e-2  # then test and yield the core for this long: a sleeping rank would delay the next message
+_FIRST_PAUSE, _MAX_PAUSE = 2e-5, 1e-3  # then sleep between tests, the pause doubling
 _DATA_SPIN = 2e-2  # with every rank present, test without yielding for this long
 _CHECK = 5e-5  # seconds between looks at notices and the deadline while ranks arrive
 _CHECK_DATA = 1e-3  # the same while data move
@@ -639,14 +640,18 @@ def _poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: f
     MPI progresses a non-blocking collective only while it is tested, so the data phase
     (``spin=None``: every rank is there) keeps testing, and yields the core only after
     ``_DATA_SPIN`` seconds. While ranks have yet to arrive it busy-polls for ``spin`` seconds, then
-    sleeps between tests with a doubling pause. Notices and the deadline are checked every
-    ``_CHECK`` seconds while spinning, and at every test once sleeping.
+    tests and yields the core (``sched_yield``: free on an idle core, given away on a busy one) for
+    ``_YIELD`` seconds, and only then sleeps between tests with a doubling pause: a rank asleep
+    when the last one arrives would hold up the operation's next message by the rest of its nap.
+    Where ranks outnumber cores it yields (or sleeps) from the start. Notices and the deadline are
+    checked every ``_CHECK`` seconds (``_CHECK_DATA`` while data move) and after every sleep.
     """
     testall = MPI.Request.Testall
     if testall(requests):
         return
     now = time.monotonic()
     spin_until = now + (_DATA_SPIN if spin is None else spin)
+    yield_until = spin_until + _YIELD
     # Probing for notices progresses MPI too, but costs tens of microseconds while megabytes move.
     interval = _CHECK if spin is not None else _CHECK_DATA
     check_at = now + interval  # the operation looked for notices when it began
@@ -667,7 +672,7 @@ def _poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: f
                     return
                 raise _DeadlinePassed
         if now >= spin_until or chan.crowded:
-            if spin is None:
+            if spin is None or now < yield_until:
                 os.sched_yield()
             else:
                 time.sleep(pause if deadline is None else min(pause, max(deadline - now, 0.0)))
