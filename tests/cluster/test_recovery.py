@@ -25,9 +25,9 @@ from ipyparallel.error import TimeoutError as CellTimeout
 import mpinb
 
 TRIALS = 20
-DEADLINE = 1.0  # seconds, the collective deadline of the scenarios that set one
+DEADLINE = 0.5  # seconds, the collective deadline of the scenarios that set one
 MARGIN = 3.0  # a rank must raise within DEADLINE + MARGIN of the moment it should
-STALL = 1.5  # rank 1's sleep inside KMeans.fit: the others time out after DEADLINE, 0.5 s before it ends
+STALL = 0.9  # rank 1's sleep inside KMeans.fit: the others time out after DEADLINE, 0.4 s before it ends
 HANG = 5.0  # a cell still running this long past its bound counts as hung
 SETTLE = 0.3  # seconds between every rank starting the Ctrl-C cell and the interrupt
 
