@@ -207,8 +207,10 @@ class MPICluster:
     def restart(self, *, timeout: float | None = None) -> MPICluster:
         """Replace every engine by a fresh MPI world of the same size and wait for the new one. Client.
 
-        The only way out when a rank is stuck in a collective the others never entered: the stuck
-        engine ignores interrupts while MPI polls. The engines' namespaces are lost.
+        The last resort, for a rank stuck outside mpinb: in its own raw MPI call or in C code, where
+        neither a deadline nor SIGINT reaches it. (A rank waiting in an mpinb collective stops at its
+        deadline or at :meth:`interrupt`, and the next cells work without a restart.) The engines'
+        namespaces are lost.
         """
         if self.cluster is None:
             raise RuntimeError("restart() needs a cluster started by MPICluster or found from its cluster file.")
@@ -242,9 +244,10 @@ class MPICluster:
 
         Interrupting the notebook kernel stops only the client's wait; the engines keep running.
         mpinb's long loops (``KMeans.fit``, ``mpinb.keras.fit``) turn SIGINT into a collective stop,
-        so every rank leaves at the same iteration and raises ``KeyboardInterrupt``; plain Python
-        code is interrupted as usual. A rank blocked inside a bare MPI call does not react: use
-        :meth:`restart` then.
+        so every rank leaves at the same iteration and raises ``KeyboardInterrupt``; a rank waiting
+        in any other mpinb collective stops waiting and raises ``KeyboardInterrupt`` (the next
+        collective works again); plain Python code is interrupted as usual. A rank blocked inside
+        its own raw MPI call does not react: use :meth:`restart` then.
         """
         import signal as _signal
         import socket
