@@ -643,7 +643,8 @@ def _poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: f
     tests and yields the core (``sched_yield``: free on an idle core, given away on a busy one) for
     ``_YIELD`` seconds, and only then sleeps between tests with a doubling pause: a rank asleep
     when the last one arrives would hold up the operation's next message by the rest of its nap.
-    Where ranks outnumber cores it yields (or sleeps) from the start. Notices and the deadline are
+    Where ranks outnumber cores it sleeps from the start while ranks arrive, and yields while data
+    move. Notices and the deadline are
     checked every ``_CHECK`` seconds (``_CHECK_DATA`` while data move) and after every sleep.
     """
     testall = MPI.Request.Testall
@@ -651,7 +652,9 @@ def _poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: f
         return
     now = time.monotonic()
     spin_until = now + (_DATA_SPIN if spin is None else spin)
-    yield_until = spin_until + _YIELD
+    # Where ranks outnumber cores, a rank yielding in a loop still takes turns on a core that a
+    # computing rank needs: waiting for arrivals, it sleeps from the start.
+    yield_until = now if chan.crowded else spin_until + _YIELD
     # Probing for notices progresses MPI too, but costs tens of microseconds while megabytes move.
     interval = _CHECK if spin is not None else _CHECK_DATA
     check_at = now + interval  # the operation looked for notices when it began
