@@ -93,7 +93,7 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
         packed = np.concatenate(arrays)
         packed_out = np.empty_like(packed)
 
-        def per_array() -> list[np.ndarray]:
+        def per_array(arrays: list[np.ndarray] = arrays) -> list[np.ndarray]:
             outs = []
             for a in arrays:
                 o = np.empty_like(a)
@@ -102,9 +102,9 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
             return outs
 
         runs = {
-            "fused": lambda: mpinb.allreduce(arrays, comm=comm),
+            "fused": lambda arrays=arrays: mpinb.allreduce(arrays, comm=comm),
             "per_array": per_array,
-            "prepacked": lambda: comm.Allreduce(packed, packed_out, op=MPI.SUM),
+            "prepacked": lambda packed=packed, out=packed_out: comm.Allreduce(packed, out, op=MPI.SUM),
         }
         for name in METHODS:  # warm-up: scratch buffers, shared-memory segments
             runs[name]()

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from mpinb.comm import World, allreduce, bcast, gather_rows, limit_threads, on_root, rprint, world
 from mpinb.deadline import get_collective_timeout, set_collective_timeout
-from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout, check_all, check_same, raise_together
+from mpinb.errors import (
+    CollectiveAbandoned,
+    CollectiveMismatchError,
+    CollectiveTimeout,
+    check_all,
+    check_same,
+    raise_together,
+)
 from mpinb.shards import shard, shard_bounds
 
 __version__ = "0.1.0"

@@ -54,7 +54,6 @@ def _others_time_out(dup, call, expect_seconds: float) -> tuple[bool, str]:
     MPI.COMM_WORLD.Barrier()
     err = info.value
     text = str(err)
-    others = [r for r in range(SIZE) if r != LATE]
     if isinstance(err, mpinb.CollectiveAbandoned):
         # Another waiting rank's deadline passed first and it told this one.
         checks = {
