@@ -139,8 +139,7 @@ class Channel:
         self.hosts = [host] * self.size
         self.affinity: list[frozenset[int]] = [_affinity()] * self.size
         self.ctrl: Any = None
-        self._ctrl: Any = None
-        self._ctrl_request: Any = None
+        self._ctrl_pending: tuple[Any, Any] | None = None  # (communicator, Idup request) until complete
         self.gens: list[_Gen] = []
         self._active = 0
         self.board: _board.Board | None = None
@@ -158,6 +157,10 @@ class Channel:
     def local_ranks(self) -> list[int]:
         """The ranks on this rank's host, in rank order (needs the set-up exchange)."""
         return [r for r, h in enumerate(self.hosts) if h == self.host]
+
+    def host_cores(self) -> frozenset[int]:
+        """The cores the ranks on this host may run on, together (needs the set-up exchange)."""
+        return frozenset().union(*(self.affinity[r] for r in self.local_ranks()))
 
     def ensure_ready(self, timeout: Any = DEFAULT) -> None:
         """Collective the first time: duplicate, exchange hosts and boards. Free afterwards."""
@@ -190,11 +193,10 @@ class Channel:
     # -- set-up -----------------------------------------------------------------------------------
     def _set_up(self, name: str, seconds: float | None, deadline: float | None) -> None:
         if self.ctrl is None:
-            if self._ctrl_request is None:
-                ctrl, self._ctrl_request = self.parent.Idup()
-                self._ctrl = ctrl
+            if self._ctrl_pending is None:
+                self._ctrl_pending = self.parent.Idup()
                 self.gens.append(_Gen(0, *self.parent.Idup()))
-            waits = [self._ctrl_request, self.gens[0].request]
+            waits = [self._ctrl_pending[1], self.gens[0].request]
             try:
                 _poll(self, waits, deadline, spin=_SPIN)
             except _DeadlinePassed:
@@ -205,7 +207,7 @@ class Channel:
                     "rank first (MPICluster does when the engines start); the set-up resumes at the next call.",
                     operation=name, timeout=seconds, rank=self.rank,
                 ) from None
-            self.ctrl, self._ctrl_request = self._ctrl, None
+            self.ctrl, self._ctrl_pending = self._ctrl_pending[0], None
             self.gens[0].request = None
         if not self.ready and not self._setting_up:
             self._setting_up = True
@@ -226,8 +228,7 @@ class Channel:
             table = op.allgather((self.hosts[self.rank], sorted(self.affinity[self.rank]), path))
         self.hosts = [h for h, _, _ in table]
         self.affinity = [frozenset(a) for _, a, _ in table]
-        local = self.local_ranks()
-        self.crowded = len(local) > len(set().union(*(self.affinity[r] for r in local)))
+        self.crowded = len(self.local_ranks()) > len(self.host_cores())
         if self.board is not None:
             self.board.open_peers({r: p for r, (h, _, p) in enumerate(table)
                                    if r != self.rank and p is not None and h == self.host},

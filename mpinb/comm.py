@@ -464,10 +464,7 @@ def _prefix(text: str, rank: int, size: int) -> str:
 def _default_threads(comm: Any, timeout: Any) -> int:
     chan = _collective.channel(comm)
     chan.ensure_ready(timeout)
-    local = chan.local_ranks()
-    mine = chan.affinity[chan.rank]
-    cores = set().union(*(chan.affinity[r] for r in local))
-    return max(1, min(len(mine), len(cores) // len(local)))
+    return max(1, min(len(chan.affinity[chan.rank]), len(chan.host_cores()) // len(chan.local_ranks())))
 
 
 def _limit_tensorflow(n: int) -> None:
