@@ -194,7 +194,7 @@ def main() -> None:
     out = Path(args.out) if args.out else (
         Path(tempfile.gettempdir()) / "mpinb-bench-quick" / "allreduce.json" if args.quick else RESULTS)
 
-    from mpinb.launch import run_mpi
+    from mpinb.client.launch import run_mpi
 
     t_start = time.perf_counter()
     report: dict = {"benchmark": "allreduce", "machine": platform.node(), "cpus": len(os.sched_getaffinity(0)),

@@ -40,7 +40,7 @@ def main() -> int:
         worker(Path(args.worker[0]), Path(args.worker[1]))
         return 0
 
-    from mpinb.launch import run_mpi
+    from mpinb.client.launch import run_mpi
 
     rows = int(args.mb * 1e6) // (COLS * 8)
     tmp = Path(tempfile.mkdtemp(prefix="mpinb-bench-data-"))

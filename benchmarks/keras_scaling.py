@@ -256,7 +256,7 @@ def busy_ratios(rows: list[dict]) -> dict:
 
 def run_jobs(args: argparse.Namespace, p: dict, states: list[str], tag: str) -> tuple[list[dict], list[float]]:
     """``p["rounds"]`` rounds of one job per layout, in a rotating order; the samples of them all."""
-    from mpinb.launch import run_mpi
+    from mpinb.client.launch import run_mpi
 
     layouts = p["layouts"].split(",")
     samples: list[dict] = []
@@ -372,7 +372,7 @@ def main() -> None:
         samples, shares = run_jobs(args, busy, ["idle", "busy"], "busy")
         rows = summarize(samples, steps)
         summary = busy_ratios(rows)
-        from mpinb.launch import mpi_env
+        from mpinb.client.launch import mpi_env
 
         report = {
             "benchmark": "keras_scaling, busy background process",

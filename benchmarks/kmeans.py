@@ -175,7 +175,7 @@ def _mpi_env() -> dict:
 
 
 def run_workers(ranks: int, config: dict, tmp: Path, tag: str) -> dict:
-    from mpinb.launch import run_mpi
+    from mpinb.client.launch import run_mpi
 
     out = str(tmp / tag)
     cfg = dict(config, out=out)
@@ -221,7 +221,7 @@ def gemm_bound(X: np.ndarray, init: np.ndarray) -> float:
 
 
 def scaling_case(args: argparse.Namespace, out: Path) -> None:
-    from mpinb.launch import run_mpi
+    from mpinb.client.launch import run_mpi
 
     init = initial_centres(args.n)
     report: dict = {
@@ -281,7 +281,7 @@ def scaling_case(args: argparse.Namespace, out: Path) -> None:
 
 
 def busy_case(args: argparse.Namespace, out: Path) -> None:
-    from mpinb.launch import run_mpi
+    from mpinb.client.launch import run_mpi
 
     init = initial_centres(args.n)
     t0 = time.perf_counter()

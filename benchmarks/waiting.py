@@ -96,7 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
-    from mpinb.launch import find_mpiexec, mpi_env
+    from mpinb.client.launch import find_mpiexec, mpi_env
 
     out = (
         Path(args.out)

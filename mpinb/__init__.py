@@ -24,11 +24,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "KMeans": "mpinb.kmeans",
     "MPICluster": "mpinb.client",
-    "plot_clusters": "mpinb.plotting",
-    "plot_inertia": "mpinb.plotting",
-    "plot_loss": "mpinb.plotting",
-    "plot_speedup": "mpinb.plotting",
-    "plot_timing": "mpinb.plotting",
+    "plot_clusters": "mpinb.client.plotting",
+    "plot_inertia": "mpinb.client.plotting",
+    "plot_loss": "mpinb.client.plotting",
+    "plot_speedup": "mpinb.client.plotting",
+    "plot_timing": "mpinb.client.plotting",
 }
 
 __all__ = [
@@ -64,7 +64,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
-        if name in ("data", "keras", "kmeans", "live", "plotting", "client", "interrupt", "launch", "deadline", "bench"):
+        if name in ("client", "data", "deadline", "errors", "interrupt", "jobs", "keras", "kmeans", "live"):
             import importlib
 
             return importlib.import_module(f"mpinb.{name}")

@@ -133,7 +133,7 @@ def main() -> int:
 
 
 def run_mpi_tier(n: int, env: dict[str, str], extra: list[str]) -> int:
-    from mpinb.launch import find_mpiexec, mpi_env
+    from mpinb.client.launch import find_mpiexec, mpi_env
 
     cmd = [
         find_mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "pytest", str(ROOT / "tests" / "mpi"),

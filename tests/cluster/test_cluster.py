@@ -111,7 +111,7 @@ def test_failure_inside_the_block_still_stops_everything() -> None:
 
 
 def test_connect_to_an_ipcluster_started_outside(tmp_path) -> None:
-    from mpinb.launch import find_mpiexec
+    from mpinb.client.launch import find_mpiexec
 
     ipcluster = str(Path(sys.executable).parent / "ipcluster")
     profile = f"--profile-dir={tmp_path / 'profile'}"

@@ -35,7 +35,7 @@ SETUP = """
 import time
 import numpy as np
 import mpinb
-import mpinb._kmeans_lloyd
+import mpinb.kmeans._lloyd
 from ipyparallel.datapub import publish_data
 from mpinb.data import make_blobs
 
@@ -99,7 +99,7 @@ attempt(_raise_on_rank_1)
 # Scenario 4: rank 1 stalls in one assignment step of Lloyd's loop, past the deadline.
 KMEANS = f"""
 mpinb.set_collective_timeout({DEADLINE})
-_assign = mpinb._kmeans_lloyd.assign
+_assign = mpinb.kmeans._lloyd.assign
 stall = None
 def _stalling_assign(*args, **kwargs):
     global stall
@@ -109,11 +109,11 @@ def _stalling_assign(*args, **kwargs):
         stall = (began, time.time())
     return _assign(*args, **kwargs)
 if rank == 1:
-    mpinb._kmeans_lloyd.assign = _stalling_assign
+    mpinb.kmeans._lloyd.assign = _stalling_assign
 try:
     attempt(lambda: mpinb.KMeans(8, n_init=1, random_state=0).fit(X))
 finally:
-    mpinb._kmeans_lloyd.assign = _assign
+    mpinb.kmeans._lloyd.assign = _assign
 record["stall"] = stall
 """
 
@@ -258,7 +258,7 @@ def test_a_rank_stalled_inside_kmeans_fit_is_named_by_the_deadline(engines: Engi
     with engines.trial("kmeans", trial) as cluster:
         records = run_cell(cluster, KMEANS, STALL + DEADLINE + MARGIN + HANG, "the KMeans.fit cell")
         stall = records[1]["stall"]
-        assert stall is not None, "KMeans.fit never called mpinb._kmeans_lloyd.assign on rank 1: no stall"
+        assert stall is not None, "KMeans.fit never called mpinb.kmeans._lloyd.assign on rank 1: no stall"
         stall_began, stall_ended = stall
         for rank, rec in enumerate(records):
             said = f"rank {rank}: {rec['raised']}: {rec['message']!r}"

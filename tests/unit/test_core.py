@@ -110,7 +110,7 @@ def test_limit_threads_rejects_bad_n() -> None:
 
 
 def test_find_mpiexec_prefers_the_one_next_to_python(tmp_path, monkeypatch) -> None:
-    from mpinb import launch
+    from mpinb.client import launch
 
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -120,7 +120,7 @@ def test_find_mpiexec_prefers_the_one_next_to_python(tmp_path, monkeypatch) -> N
 
 
 def test_mpi_env_sets_budget_and_yield_without_overriding_user(monkeypatch) -> None:
-    from mpinb.launch import mpi_env
+    from mpinb.client.launch import mpi_env
 
     env = mpi_env(64, base={"OMP_NUM_THREADS": "3"})
     assert env["OMP_NUM_THREADS"] == "3"

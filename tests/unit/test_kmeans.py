@@ -16,9 +16,9 @@ from sklearn.datasets import load_digits, load_iris, make_blobs
 from sklearn.exceptions import NotFittedError
 
 import mpinb
-import mpinb._kmeans_lloyd as lloyd_module
+import mpinb.kmeans._lloyd as lloyd_module
 from mpinb import KMeans
-from mpinb._kmeans_kernels import kernels
+from mpinb.kmeans._kernels import kernels
 
 SELF = MPI.COMM_SELF
 

@@ -20,7 +20,7 @@ PACKAGE = Path(mpinb.__file__).parent
 def test_only_the_collective_layer_calls_mpi_communication() -> None:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name == "_collective.py":
+        if path.relative_to(PACKAGE).parts[0] == "_collective":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             # A method call whose name is an MPI communication method, on anything but what is known
@@ -53,3 +53,14 @@ def test_a_world_pulled_to_the_client_carries_no_communicator() -> None:
     assert copy.comm is None and repr(copy) == repr(w)
     # Unpickling it needs no mpi4py.MPI: the bytes do not mention it.
     assert b"mpi4py" not in pickle.dumps(w)
+
+
+def test_client_modules_never_load_mpi() -> None:
+    """Everything under ``mpinb/client`` runs in the notebook kernel, where MPI must not start."""
+    import subprocess
+
+    names = sorted(f"mpinb.client.{p.stem}" for p in (PACKAGE / "client").glob("*.py"))
+    assert "mpinb.client.cluster" in names and "mpinb.client.plotting" in names
+    code = f"import importlib, sys; [importlib.import_module(n) for n in {names!r}]; print('mpi4py.MPI' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

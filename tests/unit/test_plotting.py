@@ -1,4 +1,4 @@
-"""One-process tests of mpinb.plotting on the Agg backend: what each plot draws, and its error messages."""
+"""One-process tests of mpinb.client.plotting on the Agg backend: what each plot draws, and its error messages."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from mpinb import plotting
-from mpinb.plotting import (
+from mpinb.client import plotting
+from mpinb.client.plotting import (
     _history_dict,
     plot_clusters,
     plot_inertia,
@@ -494,7 +494,7 @@ def test_plot_speedup_rejects_bad_input(ranks, seconds, match) -> None:
 
 def test_importing_plotting_loads_neither_matplotlib_nor_mpi() -> None:
     code = (
-        "import sys, mpinb.plotting; "
+        "import sys, mpinb.client.plotting; "
         "print([m for m in ('matplotlib', 'mpi4py.MPI', 'sklearn') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

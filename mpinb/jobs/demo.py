@@ -1,7 +1,7 @@
 """The demo's engine-side work, identical under ipyparallel and plain ``mpiexec``.
 
 Run by ``mpinb demo`` (on engines) and ``mpinb demo --batch`` (``mpiexec -n N python -m
-mpinb._demo_work OUT.npz``). Collective: every rank calls :func:`run`; rank 0's return value holds
+mpinb.jobs.demo OUT.npz``). Collective: every rank calls :func:`run`; rank 0's return value holds
 everything the client needs to plot.
 """
 

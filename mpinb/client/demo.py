@@ -36,8 +36,8 @@ def run_demo(n: int = 4, *, batch: bool = False, out: str | Path = "mpinb-demo",
 
 
 def _run_cluster(n: int, epochs: int) -> dict[str, Any]:
-    from mpinb._demo_work import run
-    from mpinb.client import MPICluster
+    from mpinb.jobs.demo import run
+    from mpinb.client.cluster import MPICluster
 
     with MPICluster(n=n) as cluster:
         started = time.perf_counter()
@@ -48,12 +48,12 @@ def _run_cluster(n: int, epochs: int) -> dict[str, Any]:
 
 
 def _run_batch(n: int, epochs: int) -> dict[str, Any]:
-    from mpinb.launch import run_mpi
+    from mpinb.client.launch import run_mpi
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "summary.pkl"
         # Captured: TensorFlow logs a few lines per rank at start-up; shown only if something fails.
-        proc = run_mpi(n, ["-m", "mpinb._demo_work", str(path), str(epochs)], timeout=600, capture=True)
+        proc = run_mpi(n, ["-m", "mpinb.jobs.demo", str(path), str(epochs)], timeout=600, capture=True)
         if proc.returncode != 0:
             print(proc.stdout)
             raise RuntimeError(f"the demo failed under mpiexec (exit {proc.returncode}); its output is above.")
@@ -68,7 +68,7 @@ def _figures(summary: dict[str, Any], plot: dict[str, Any], out: Path) -> list[P
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from mpinb.plotting import plot_clusters, plot_inertia, plot_loss
+    from mpinb.client.plotting import plot_clusters, plot_inertia, plot_loss
 
     paths = []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))

@@ -1,6 +1,6 @@
 """Engine-side scaling measurements for ``mpinb bench`` and the scaling tutorial.
 
-Run as ``mpiexec -n N python -m mpinb._scaling OUT.json [JSON-PARAMS]``. Collective: every rank
+Run as ``mpiexec -n N python -m mpinb.jobs.scaling OUT.json [JSON-PARAMS]``. Collective: every rank
 measures; rank 0 writes the medians.
 """
 

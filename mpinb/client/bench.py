@@ -26,13 +26,13 @@ def scaling(ranks: Sequence[int] = (1, 2, 4), *, timeout: float = 600, **params:
         and ``keras`` (``seconds_per_step``, ``compute_per_step``, ``comm_per_step`` and the part of it
         spent waiting for the slowest rank, ``wait_per_step``).
     """
-    from mpinb.launch import run_mpi
+    from mpinb.client.launch import run_mpi
 
     results = []
     for n in ranks:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "scaling.json"
-            proc = run_mpi(n, ["-m", "mpinb._scaling", str(path), json.dumps(params)], timeout=timeout, capture=True)
+            proc = run_mpi(n, ["-m", "mpinb.jobs.scaling", str(path), json.dumps(params)], timeout=timeout, capture=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"the measurement at {n} ranks failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
             results.append(json.loads(path.read_text()))

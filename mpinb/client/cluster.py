@@ -123,7 +123,7 @@ class MPICluster:
             return self
         import ipyparallel as ipp
 
-        from mpinb.launch import find_mpiexec, mpi_env
+        from mpinb.client.launch import find_mpiexec, mpi_env
 
         threads = None if self._threads == "auto" else int(self._threads)
         base_env = mpi_env(self.n, threads_per_rank=threads, base={})

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mpinb import _collective
-from mpinb._kmeans_lloyd import BLOCK_ELEMENTS, SUM_ELEMENTS, Shard, chunks, lloyd, sq_distances
+from mpinb.kmeans._lloyd import BLOCK_ELEMENTS, SUM_ELEMENTS, Shard, chunks, lloyd, sq_distances
 from mpinb.interrupt import StopFlag
 
 __all__ = ["initial_centers", "resolve_random_state"]
