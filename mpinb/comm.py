@@ -10,8 +10,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from mpinb import _collective
+from mpinb._layout import Layout
 from mpinb.deadline import DEFAULT
-from mpinb.errors import _record, agree_on_exception
+from mpinb.errors import _check_int, _is_int, _record, agree_on_exception
 
 __all__ = [
     "World",
@@ -161,27 +162,19 @@ class _Plan:
         # Large arrays travel on their own, straight from the input into the result: no packing.
         self.alone = [(i, wires[i], shapes[i], dtypes[i] == wires[i]) for i in range(self.n)
                       if sizes[i] * dtypes[i].itemsize >= _ALONE]
-        grouped: dict[np.dtype, list[int]] = {}
-        for i in range(self.n):
-            if sizes[i] * dtypes[i].itemsize < _ALONE:
-                grouped.setdefault(wires[i], []).append(i)
-        # A dict in first-appearance order: the same groups, in the same order, on every rank.
-        self.groups = []
-        for wire, members in grouped.items():
-            spans, offset = [], 0
-            for i in members:
-                spans.append((i, offset, offset + sizes[i], shapes[i]))
-                offset += sizes[i]
-            plain = all(self.results[i] == wire for i in members) and (op != "mean" or wire.kind in "fc")
-            self.groups.append((wire, members, spans, plain))
+        self.small = [i for i in range(self.n) if sizes[i] * dtypes[i].itemsize < _ALONE]
+        self.packing = Layout([shapes[i] for i in self.small], [wires[i] for i in self.small])
+        # A buffer is "plain" when its slices are the results as they are: no cast, no integer mean.
+        self.plain = [all(self.results[self.small[j]] == wire for j in self.packing.members(b))
+                      and (op != "mean" or wire.kind in "fc") for b, wire in enumerate(self.packing.dtypes)]
 
     def __repr__(self) -> str:
         return self.text
 
     def run(self, values: list[np.ndarray], call: Any) -> list[Any]:
         out: list[Any] = [None] * self.n
-        packed = [np.concatenate([values[i] for i in members], axis=None, dtype=wire, casting="unsafe")
-                  for wire, members, _, _ in self.groups]
+        packed = self.packing.pack([values[i] for i in self.small])
+        n_packed = len(packed)
         pairs: list[tuple[np.ndarray, np.ndarray]] = []
         alone: list[tuple[int, np.ndarray]] = []
         for i, wire, shape, same in self.alone:
@@ -194,19 +187,16 @@ class _Plan:
             alone.append((i, recv))
         call.allreduce(packed, self.wire_op, pairs=pairs)
         size = call.size
-        for (wire, _, spans, plain), buf in zip(self.groups, packed):
-            if plain:
-                # The results are views of this fresh buffer: no unpacking copy.
-                if self.op == "mean":
-                    buf /= size
-                for i, start, stop, shape in spans:
-                    if len(shape) == 1:
-                        out[i] = buf[start:stop]
-                    else:
-                        out[i] = buf[start] if not shape else buf[start:stop].reshape(shape)
+        if self.op == "mean":
+            for b in range(n_packed):
+                if self.plain[b]:
+                    packed[b] /= size
+        # The results of a plain buffer are views of it (fresh for this call): no unpacking copy.
+        for (b, _, _), i, view in zip(self.packing.slots, self.small, self.packing.views(packed)):
+            if self.plain[b]:
+                out[i] = view[()] if view.ndim == 0 else view
             else:
-                for i, start, stop, shape in spans:
-                    out[i] = self._finish(buf[start:stop], i, shape, size)
+                out[i] = self._finish(view, i, view.shape, size)
         for i, recv in alone:
             out[i] = self._finish(recv, i, recv.shape, size)
         return out
@@ -416,15 +406,14 @@ def limit_threads(n: int | None = None, *, comm: Any = None, timeout: Any = DEFA
     int
         The number of threads this rank now uses.
     """
-    if n is not None and (not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1):
-        raise ValueError(f"n must be a positive integer number of threads; got {n!r}.")
+    if n is not None:
+        _check_int(n, "n", minimum=1, unit="number of threads")
     if n is None:
         n = _default_threads(comm, timeout)
     n = int(n)
-    for var in _THREAD_VARS:
-        os.environ[var] = str(n)
-    os.environ["TF_NUM_INTRAOP_THREADS"] = str(n)
-    os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+    global _chosen_threads
+    _chosen_threads = n
+    os.environ.update(thread_env(n))
     from threadpoolctl import threadpool_limits
 
     # Keeping a reference is unnecessary: threadpool_limits applies at construction and the limits
@@ -434,8 +423,31 @@ def limit_threads(n: int | None = None, *, comm: Any = None, timeout: Any = DEFA
     return n
 
 
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+_chosen_threads: int | None = None  # the budget limit_threads last set in this process
+
+
+def threads_chosen() -> bool:
+    """Whether this rank already has a thread budget: set by :func:`limit_threads`, or given in
+    its environment (``mpinb.MPICluster`` and ``mpiexec`` through ``mpinb.client.launch`` do).
+
+    Local. Helpers that would pick a budget for the user (``mpinb.keras.fit``) do so only when
+    this is false, so they never undo the user's choice.
+    """
+    return _chosen_threads is not None or any(v in os.environ for v in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"))
+
+
+def thread_env(n: int) -> dict[str, str]:
+    """The environment variables that size every thread pool a rank meets, for ``n`` threads each.
+
+    Local: the one list, used by :func:`limit_threads` on the ranks and by ``mpinb.client.launch``
+    for the processes it starts. BLAS and OpenMP pools get ``n`` threads; TensorFlow ``n`` inside
+    an operation and one across operations (more would oversubscribe the rank's cores).
+    """
+    pools = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+             "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
+    return {**{var: str(n) for var in pools}, "TF_NUM_INTEROP_THREADS": "1"}
+
+
 _ALONE = 1 << 18  # arrays this large (bytes) are reduced on their own, without a packing copy
 
 
@@ -452,7 +464,7 @@ def _wire(dtype: np.dtype, op: str) -> tuple[np.dtype, np.dtype]:
 
 
 def _check_root(root: int, size: int) -> None:
-    if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < size:
+    if not _is_int(root) or not 0 <= root < size:
         raise ValueError(f"root must be a rank between 0 and {size - 1}; got {root!r}.")
 
 

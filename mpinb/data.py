@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mpinb import _collective
-from mpinb.errors import _resolve, check_same, raise_together
+from mpinb.errors import _check_int, _is_int, _resolve, check_same, raise_together
 from mpinb.shards import shard_bounds
 
 __all__ = [
@@ -205,10 +205,10 @@ def make_blobs(
     >>> X_local, y_local = mpinb.data.make_blobs(1_000_000, n_features=2, centers=5)
     >>> km = mpinb.KMeans(n_clusters=5).fit(X_local)
     """
-    n_samples = _count(n_samples, "n_samples", minimum=0)
-    if isinstance(centers, (int, np.integer)) and not isinstance(centers, bool):
-        k = _count(centers, "centers", minimum=1)
-        n_features = _count(n_features, "n_features", minimum=1)
+    n_samples = _check_int(n_samples, "n_samples", minimum=0)
+    if _is_int(centers):
+        k = _check_int(centers, "centers", minimum=1)
+        n_features = _check_int(n_features, "n_features", minimum=1)
         given_centers = None
     else:
         given_centers = np.array(centers, dtype=np.float64)
@@ -311,10 +311,10 @@ def make_classification(
     >>> X_local, y_local = mpinb.data.make_classification(100_000, n_features=20)
     >>> model.fit(X_local, y_local, epochs=5)   # with mpinb.keras's distributed optimizer
     """
-    n_samples = _count(n_samples, "n_samples", minimum=0)
-    n_features = _count(n_features, "n_features", minimum=1)
-    n_classes = _count(n_classes, "n_classes", minimum=2)
-    n_informative = _count(n_informative, "n_informative", minimum=1)
+    n_samples = _check_int(n_samples, "n_samples", minimum=0)
+    n_features = _check_int(n_features, "n_features", minimum=1)
+    n_classes = _check_int(n_classes, "n_classes", minimum=2)
+    n_informative = _check_int(n_informative, "n_informative", minimum=1)
     if n_informative > n_features:
         raise ValueError(
             f"n_informative must be <= n_features ({n_features}); got {n_informative}. "
@@ -391,7 +391,7 @@ def load_npy(path: str | os.PathLike[str], *, ndim: int | None = None, comm: Any
     >>> y_local = mpinb.data.load_npy("/scratch/labels.npy", ndim=1)
     """
     if ndim is not None:
-        ndim = _count(ndim, "ndim", minimum=1)
+        ndim = _check_int(ndim, "ndim", minimum=1)
     comm = _resolve(comm)
     with raise_together(comm=comm):
         shape, dtype, fortran, offset = _npy_header(path, ndim)
@@ -409,7 +409,7 @@ def load_npy(path: str | os.PathLike[str], *, ndim: int | None = None, comm: Any
 
 def _bundled(name: str, shard: bool, test_size: float | int, random_state: int | None, comm: Any) -> Split:
     _check_test_size(test_size)
-    if random_state is not None and _count(random_state, "random_state", minimum=0) >= 1 << 32:
+    if random_state is not None and _check_int(random_state, "random_state", minimum=0) >= 1 << 32:
         raise ValueError(f"random_state must be < 2**32 (scikit-learn's limit); got {random_state}.")
     if not shard:
         return Split(*_load_and_split(name, test_size, random_state))
@@ -450,7 +450,7 @@ def _load_and_split(name: str, test_size: float | int, seed: int | None) -> tupl
 def _check_test_size(test_size: Any) -> None:
     if isinstance(test_size, bool):
         ok = False
-    elif isinstance(test_size, (int, np.integer)):
+    elif _is_int(test_size):
         ok = test_size >= 1
     elif isinstance(test_size, (float, np.floating)):
         ok = 0.0 < test_size < 1.0
@@ -492,7 +492,7 @@ def _generate(
 def _seed(random_state: Any, shard: bool, comm: Any) -> int:
     """An int seed every rank agrees on; ``None`` is drawn on rank 0 and broadcast."""
     if random_state is not None:
-        return _count(random_state, "random_state", minimum=0)
+        return _check_int(random_state, "random_state", minimum=0)
     # 32 bits: scikit-learn accepts seeds below 2**32 only.
     fresh = int(np.random.SeedSequence().entropy) % (1 << 32)
     if not shard:
@@ -514,14 +514,6 @@ def _vertices(rng: np.random.Generator, k: int, dim: int) -> np.ndarray:
         signs = rng.integers(2, size=(k, dim)) * 2.0 - 1.0
         if len(np.unique(signs, axis=0)) == k:
             return signs
-
-
-def _count(value: Any, name: str, *, minimum: int) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer; got {type(value).__name__} {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}.")
-    return int(value)
 
 
 def _float_dtype(dtype: Any) -> np.dtype:

@@ -224,6 +224,26 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+_BOUNDS = {None: "an integer", 0: "a non-negative integer", 1: "a positive integer"}
+
+
+def _check_int(value: Any, name: str, *, minimum: int | None = None, unit: str = "", alternative: str = "") -> int:
+    """The one integer-argument check: ``value`` as an ``int``, or an error naming the argument.
+
+    Local and deterministic, so it fails the same way on every rank. Not an integer (bools are
+    not) is a ``TypeError``; one below ``minimum`` a ``ValueError``; both say what was expected,
+    e.g. "every must be a positive integer number of epochs; got 0."; ``alternative`` names what
+    else the argument accepts ("'auto'").
+    """
+    bound = _BOUNDS.get(minimum, f"an integer >= {minimum}")
+    message = f"{name} must be {alternative + ' or ' if alternative else ''}{bound}{' ' + unit if unit else ''}; got {value!r}."
+    if not _is_int(value):
+        raise TypeError(message)
+    if minimum is not None and value < minimum:
+        raise ValueError(message)
+    return int(value)
+
+
 def _resolve(comm: Any) -> Any:
     if comm is None:
         from mpi4py import MPI

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinb.errors import _resolve, check_same
+from mpinb.errors import _check_int, _resolve, check_same
 
 __all__ = ["shard", "shard_bounds"]
 
@@ -36,8 +36,7 @@ def shard_bounds(n: int, *, rank: int, size: int) -> tuple[int, int]:
     [(0, 3), (3, 6), (6, 8), (8, 10)]
     """
     for name, value in (("n", n), ("rank", rank), ("size", size)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an integer; got {type(value).__name__} {value!r}.")
+        _check_int(value, name)
     if n < 0:
         raise ValueError(f"n must be >= 0; got {n}.")
     if size < 1:

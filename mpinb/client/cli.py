@@ -88,12 +88,9 @@ def info() -> int:
 
 
 def demo_main(args: argparse.Namespace) -> int:
-    """``mpinb demo``; the full demo lands with the tutorials, until then a rank check."""
-    try:
-        from mpinb.client.demo import run_demo
-    except ImportError:
-        print(f"mpinb demo: checking {args.np} MPI ranks (the full k-means + Keras demo is not built yet).")
-        return rank_check(args.np)
+    """``mpinb demo``: distributed k-means and sharded Keras training, figures to disk."""
+    from mpinb.client.demo import run_demo
+
     return run_demo(n=args.np, batch=args.batch, out=args.out)
 
 

@@ -11,6 +11,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from mpinb.errors import _check_int
+
 __all__ = ["Health", "MPICluster"]
 
 
@@ -93,10 +95,9 @@ class MPICluster:
         config: Any = None,
         **cluster_kwargs: Any,
     ) -> None:
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"n must be a positive number of engines; got {n!r}.")
-        if threads_per_rank != "auto" and (not isinstance(threads_per_rank, int) or threads_per_rank < 1):
-            raise ValueError(f"threads_per_rank must be 'auto' or a positive integer; got {threads_per_rank!r}.")
+        _check_int(n, "n", minimum=1, unit="number of engines")
+        if threads_per_rank != "auto":
+            _check_int(threads_per_rank, "threads_per_rank", minimum=1, alternative="'auto'")
         self.n = n
         self.timeout = float(timeout)
         self._mpi_args = list(mpi_args or [])
@@ -121,6 +122,8 @@ class MPICluster:
         """Start the controller and engines, wait for them and check the MPI world. Client."""
         if self.cluster is not None:
             return self
+        if not self._owns_cluster:
+            raise RuntimeError("This MPICluster joined a cluster it did not start (connect()); it cannot start one.")
         import ipyparallel as ipp
 
         from mpinb.client.launch import find_mpiexec, mpi_env
@@ -164,11 +167,10 @@ class MPICluster:
         """
         import ipyparallel as ipp
 
-        self = cls.__new__(cls)
-        self.timeout = float(timeout)
+        # A whole object (every attribute __init__ sets), marked as joined rather than owned:
+        # stop() then leaves the cluster running and start() refuses.
+        self = cls(1, timeout=timeout, start=False)
         self._owns_cluster = False
-        self._engine_pids = []
-        self.cluster = None
         try:
             self.cluster = ipp.Cluster.from_file(profile=profile, profile_dir=profile_dir, cluster_id=cluster_id)
             self.client = self.cluster.connect_client_sync()
@@ -366,7 +368,7 @@ class MPICluster:
         _activate(self.view)
         # mpinb's collective set-up now, on every engine together: from the first cell on, a
         # collective that times out can name the missing ranks and say where each of them is.
-        self.view.apply_sync(_set_up_collectives)
+        self.view.apply_sync(_set_up_collectives, self._owns_cluster)
 
     def _protect_files(self) -> None:
         """Owner-only modes for everything in the profile's security folder. ipyparallel already
@@ -416,10 +418,15 @@ def _engine_identity() -> dict[str, Any]:
     }
 
 
-def _set_up_collectives() -> None:
+def _set_up_collectives(quiet_tensorflow: bool) -> None:
     import mpinb
 
     mpinb.world(timeout=120)
+    if quiet_tensorflow:
+        # Engines we started: TensorFlow's C++ start-up lines would print once per rank in %%px.
+        from mpinb._quiet_tf import quiet_future_import
+
+        quiet_future_import()
 
 
 def _rank_here() -> int:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from mpinb.comm import thread_env
+
 __all__ = ["find_mpiexec", "mpi_env", "run_mpi"]
 
 # MPICH busy-polls inside collectives; with more ranks than cores the polling ranks starve the
@@ -48,10 +50,8 @@ def mpi_env(n: int, *, threads_per_rank: int | None = None, base: Mapping[str, s
     env = dict(os.environ if base is None else base)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = threads_per_rank or max(1, cores // max(1, n))
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
-        env.setdefault(var, str(threads))
-    env.setdefault("TF_NUM_INTEROP_THREADS", "1")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for var, value in thread_env(threads).items():
+        env.setdefault(var, value)
     if n > cores:
         for var, value in _MPICH_YIELD.items():
             env.setdefault(var, value)

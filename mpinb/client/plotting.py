@@ -7,35 +7,22 @@ fast), draws into ``ax`` when given or a new figure otherwise, and returns the A
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-__all__ = ["plot_clusters", "plot_inertia", "plot_loss", "plot_speedup", "plot_timing"]
+from mpinb.errors import _check_int
 
-# Alternative spellings of the keys the plots read, mapped onto one canonical name. Adapting to
-# another history layout should only need a new entry here or in ``_history_dict``.
-# The canonical names are those ``mpinb.keras.fit`` writes.
-_ALIASES = {
-    "compute_time": "compute_seconds",
-    "communication_time": "comm_seconds",
-    "communication_seconds": "comm_seconds",
-    "comm_time": "comm_seconds",
-    "allreduce_time": "comm_seconds",
-    "allreduce_seconds": "comm_seconds",
-    "epoch_time": "epoch_seconds",
-    "loss_per_rank": "rank_loss",
-    "per_rank_loss": "rank_loss",
-}
-# Attributes (of a History-like object) or keys (of a dict) holding the per-rank part of a history.
-_RANK_SOURCES = ("rank_history", "per_rank")
+__all__ = ["plot_clusters", "plot_inertia", "plot_loss", "plot_speedup", "plot_timing"]
 
 _IDEAL_GID = "mpinb-speedup-ideal"
 _SERIES_GID = "mpinb-speedup"
-_TRAIN_WIDTH = 2.5
-_RANK_WIDTH = 0.9
-_RANK_ALPHA = 0.45
+_GLOBAL_WIDTH = 2.5
+_RANK_WIDTH = 1.2
+_RANK_ALPHA = 0.8
+# Past this many ranks the legend gets one entry for all rank lines instead of one per rank.
+_MAX_RANK_ENTRIES = 10
 
 
 # --------------------------------------------------------------------------------------------------
@@ -43,20 +30,23 @@ _RANK_ALPHA = 0.45
 
 
 def plot_loss(history: Any, *, ax: Any = None, metric: str = "loss", per_rank: bool = True) -> Any:
-    """Plot the global training and validation curves, with each rank's own curve as a thin line.
+    """Plot the global training and validation curves, with each rank's own curve as a thinner line.
 
-    Client. The global curves (``history[metric]`` and ``history["val_" + metric]``) are drawn thick,
-    with epochs on the x axis starting at 1; each rank's per-epoch value
-    (``history["rank_" + metric]``, epochs x ranks) is drawn as a thin, semi-transparent line
-    labelled ``"rank r"``. A rank whose line strays from the others has a data shard that differs
-    (harder examples, a different class balance) — with gradient averaging the model is the same
-    on every rank, so only the data can make the per-rank losses differ.
+    Client. The global curves (``history[metric]`` and ``history["val_" + metric]``) are drawn in
+    black, thick and on top (validation dashed), with epochs on the x axis starting at 1; each rank's
+    per-epoch value (``history["rank_" + metric]``, epochs x ranks, as ``mpinb.keras.fit`` records
+    ``"rank_loss"``) is drawn as a thinner line in a colour of its own, labelled ``"rank r"`` (past
+    10 ranks the legend has one entry for all of them). A rank whose line strays from the others
+    has a data shard that differs (harder examples, a different class balance) — with gradient
+    averaging the model is the same on every rank, so only the data can make the per-rank losses
+    differ.
 
     Parameters
     ----------
-    history : dict, keras.callbacks.History or History-like
-        What ``mpinb.keras.fit`` or ``model.fit`` returns, or its ``.history`` dict. Accepted layouts
-        are listed in the Notes.
+    history : dict or keras.callbacks.History
+        What ``mpinb.keras.fit`` returns (a dict ``{"epoch": [...], "loss": [...], "val_loss": [...],
+        "rank_loss": [[...], ...], ...}``, also as pulled from rank 0), or the ``History`` that
+        Keras's ``model.fit`` returns (its ``.history`` dict, which has no per-rank values).
     ax : matplotlib.axes.Axes, optional
         Axes to draw into; a new figure is made when omitted.
     metric : str, default "loss"
@@ -71,25 +61,11 @@ def plot_loss(history: Any, *, ax: Any = None, metric: str = "loss", per_rank: b
     Raises
     ------
     TypeError
-        If ``history`` is not one of the accepted layouts.
+        If ``history`` is neither a dict nor an object with a ``.history`` dict.
     ValueError
-        If the history has neither ``metric``, ``"val_" + metric`` nor ``"rank_" + metric``, or a
-        series is not one number per epoch (per-rank: a 2-D epochs x ranks table).
-
-    Notes
-    -----
-    The history may be
-
-    - a dict like Keras's ``History.history``: ``{"loss": [...], "val_loss": [...], ...}``, which is
-      what ``mpinb.keras.fit`` returns (with ``"rank_loss"``, ``"epoch"`` and timings added);
-    - an object whose ``.history`` attribute is such a dict (``keras.callbacks.History``);
-    - a list of per-epoch dicts of scalars, ``[{"loss": 0.9, "val_loss": 1.0}, ...]``.
-
-    Per-rank values are read from a key ``"rank_<metric>"`` (``"rank_loss"``; also spelled
-    ``"loss_per_rank"``) holding a list (epochs) of lists (ranks) or an epochs x ranks array, or
-    from an attribute or key ``rank_history`` / ``per_rank`` holding either a dict
-    ``{metric: epochs x ranks}``, a list (ranks) of History dicts, or an epochs x ranks array of
-    losses. A ranks x epochs table is transposed when the global curve shows which axis is epochs.
+        If the history has neither ``metric`` nor ``"val_" + metric``, a global series is not one
+        number per epoch, or the per-rank values are not an epochs x ranks table with one row per
+        epoch.
 
     Examples
     --------
@@ -100,47 +76,63 @@ def plot_loss(history: Any, *, ax: Any = None, metric: str = "loss", per_rank: b
         raise TypeError(f"metric must be a string such as 'loss' or 'accuracy'; got {metric!r}.")
     h = _history_dict(history)
     val_key, rank_key = "val_" + metric, "rank_" + metric
-    if metric not in h and val_key not in h and not _nonempty(h, rank_key):
+    if metric not in h and val_key not in h:
         raise ValueError(
-            f"The history has no {metric!r}, {val_key!r} or {rank_key!r} values; its keys are "
-            f"{sorted(h)}. Pass metric= one of those."
+            f"The history has no {metric!r} or {val_key!r} values; its keys are {sorted(h)}. "
+            "Pass metric= one of those."
         )
     # Read and check every series before drawing, so bad input leaves no half-drawn figure behind.
-    table = _series(h, rank_key, ndim=2) if per_rank and _nonempty(h, rank_key) else None
     train = _series(h, metric, ndim=1) if metric in h else None
     val = _series(h, val_key, ndim=1) if val_key in h else None
+    table = _series(h, rank_key, ndim=2) if per_rank and _nonempty(h, rank_key) else None
+    n_epochs = len(train if train is not None else val)
+    if table is not None and len(table) != n_epochs:
+        raise ValueError(
+            f"history[{rank_key!r}] must have one row per epoch ({n_epochs}) and one column per rank, as "
+            f"mpinb.keras.fit records it; got shape {table.shape}."
+        )
     ax = _axes(ax)
+    epochs = _epoch_numbers(h, n_epochs)
+    # Global lines first, so they lead the legend; zorder keeps them drawn over the rank lines.
+    if train is not None:
+        ax.plot(epochs, train, color="black", linewidth=_GLOBAL_WIDTH, label="train", zorder=3)
+    if val is not None:
+        ax.plot(
+            _epoch_numbers(h, len(val)),
+            val,
+            color="black",
+            linewidth=_GLOBAL_WIDTH,
+            linestyle="--",
+            label="validation",
+            zorder=3,
+        )
+    rank_lines = []
     if table is not None:
-        colors = _rank_colors(table.shape[1])
-        epochs = _epoch_numbers(h, table.shape[0])
+        colors = _distinct_colors(table.shape[1])
         for r in range(table.shape[1]):
-            ax.plot(
+            (line,) = ax.plot(
                 epochs,
                 table[:, r],
                 color=colors[r],
                 linewidth=_RANK_WIDTH,
                 alpha=_RANK_ALPHA,
                 label=f"rank {r}",
-                zorder=1,
+                zorder=2,
             )
-    if train is not None:
-        ax.plot(
-            _epoch_numbers(h, len(train)), train, color="C0", linewidth=_TRAIN_WIDTH, label="train", zorder=3
-        )
-    if val is not None:
-        ax.plot(
-            _epoch_numbers(h, len(val)),
-            val,
-            color="C1",
-            linewidth=_TRAIN_WIDTH,
-            linestyle="--",
-            label="validation",
-            zorder=3,
-        )
+            rank_lines.append(line)
     _integer_ticks(ax)
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric)
-    ax.legend(fontsize="small")
+    if len(rank_lines) > _MAX_RANK_ENTRIES:
+        from matplotlib.lines import Line2D
+
+        handles, labels = ax.get_legend_handles_labels()
+        kept = [(hd, lb) for hd, lb in zip(handles, labels) if hd not in rank_lines]
+        proxy = Line2D([], [], color="0.5", linewidth=_RANK_WIDTH, alpha=_RANK_ALPHA)
+        entries = [*kept, (proxy, f"ranks 0-{len(rank_lines) - 1} (one colour each)")]
+        ax.legend(*zip(*entries), fontsize="small")
+    else:
+        ax.legend(fontsize="small")
     return ax
 
 
@@ -155,18 +147,15 @@ def plot_timing(history: Any, *, ax: Any = None, per_rank: bool = False) -> Any:
 
     Parameters
     ----------
-    history : dict, keras.callbacks.History or History-like
-        What ``mpinb.keras.fit`` returns, or any layout :func:`plot_loss` accepts. Read keys, per
-        epoch either one number or one number per rank (epochs x ranks, as ``mpinb.keras.fit``
-        records them): ``"compute_seconds"`` (also ``"compute_time"``) and ``"comm_seconds"`` (also
-        ``"comm_time"``, ``"communication_time"``, ``"communication_seconds"``, ``"allreduce_time"``,
-        ``"allreduce_seconds"``). Without a compute key, compute is ``"epoch_seconds"`` (also
-        ``"epoch_time"``) minus communication. Epochs are numbered ``history["epoch"] + 1`` when
-        present (a resumed run starts later), else from 1.
+    history : dict
+        What ``mpinb.keras.fit`` returns (also as pulled from rank 0): its ``"compute_seconds"`` and
+        ``"comm_seconds"``, each epochs x ranks, are read. Epochs are numbered
+        ``history["epoch"] + 1`` (a resumed run starts later). A Keras ``History`` records no
+        timings.
     ax : matplotlib.axes.Axes, optional
         Axes to draw into; a new figure is made when omitted.
     per_rank : bool, default False
-        With per-rank timings, draw one thin stacked bar per rank side by side in each epoch
+        With more than one rank, draw one thin stacked bar per rank side by side in each epoch
         instead of one bar of the mean over ranks.
 
     Returns
@@ -177,34 +166,25 @@ def plot_timing(history: Any, *, ax: Any = None, per_rank: bool = False) -> Any:
 
     Raises
     ------
+    TypeError
+        If ``history`` is neither a dict nor an object with a ``.history`` dict.
     ValueError
-        If the timing keys are missing, differ in shape, are negative, or communication exceeds the
-        epoch time.
+        If the timing keys are missing, are not epochs x ranks tables of the same shape, or hold a
+        negative time.
     """
     h = _history_dict(history)
-    if "comm_seconds" not in h or ("compute_seconds" not in h and "epoch_seconds" not in h):
+    if "compute_seconds" not in h or "comm_seconds" not in h:
         raise ValueError(
-            "plot_timing needs per-epoch 'comm_seconds' and 'compute_seconds' (or 'epoch_seconds') in the "
-            f"history; its keys are {sorted(h)}. Train with mpinb.keras.fit, which records them."
+            "plot_timing needs 'compute_seconds' and 'comm_seconds' (epochs x ranks) in the history; its "
+            f"keys are {sorted(h)}. Train with mpinb.keras.fit, which records them."
         )
-    other = "compute_seconds" if "compute_seconds" in h else "epoch_seconds"
+    compute = _timing(h, "compute_seconds")
     comm = _timing(h, "comm_seconds")
-    compute = _timing(h, other)
     if compute.shape != comm.shape:
         raise ValueError(
-            f"history[{other!r}] and history['comm_seconds'] must have the same shape (epochs, or epochs x "
-            f"ranks); got {compute.shape} and {comm.shape}."
+            "history['compute_seconds'] and history['comm_seconds'] must have the same shape "
+            f"(epochs x ranks); got {compute.shape} and {comm.shape}."
         )
-    if other == "epoch_seconds":
-        over = comm > compute * (1 + 1e-9)
-        if over.any():
-            e, r = np.argwhere(over)[0]
-            where = f"epoch {e + 1}" + (f" on rank {r}" if comm.shape[1] > 1 else "")
-            raise ValueError(
-                f"history['comm_seconds'] must not exceed history['epoch_seconds']; {where} has "
-                f"{comm[e, r]:.3g} s of communication in a {compute[e, r]:.3g} s epoch."
-            )
-        compute = np.maximum(compute - comm, 0.0)
     epochs = _epoch_numbers(h, len(comm))
     ranks = comm.shape[1]
     ax = _axes(ax)
@@ -284,7 +264,7 @@ def plot_clusters(
     max_points : int, default 20_000
         Most points to draw. Must be at least the number of clusters.
     random_state : int or None, default 0
-        Seed of the subsample, so the same call draws the same points.
+        Seed of the subsample (and of the PCA's solver), so the same call draws the same picture.
 
     Returns
     -------
@@ -301,10 +281,10 @@ def plot_clusters(
 
     Notes
     -----
-    The principal components are fitted (NumPy SVD of the centred data) on the points that are
+    The principal components (``sklearn.decomposition.PCA(n_components=2)``, seeded with
+    ``random_state`` for its randomized solver on large data) are fitted on the points that are
     drawn, so the cost is bounded by ``max_points`` whatever ``N``; on a uniform subsample of
-    thousands of points the components are those of the full data to within sampling error. Each
-    component's sign is fixed so that its largest loading is positive, as in scikit-learn's PCA.
+    thousands of points the components are those of the full data to within sampling error.
     """
     X = np.asarray(X)
     if X.ndim != 2:
@@ -362,8 +342,7 @@ def plot_clusters(
         ids, codes = np.unique(labels, return_inverse=True)
         codes = codes.reshape(-1)
         k = len(ids)
-    if isinstance(max_points, bool) or not isinstance(max_points, (int, np.integer)):
-        raise TypeError(f"max_points must be an integer; got {max_points!r}.")
+    _check_int(max_points, "max_points")
     present = np.unique(codes)
     if max_points < max(len(present), 1):
         raise ValueError(
@@ -377,16 +356,16 @@ def plot_clusters(
     shown = codes[keep]
 
     if X.shape[1] > 2:
-        mean, components, ratio = _pca2(points)
-        points = (points - mean) @ components.T
+        pca, ratio = _pca2(points, random_state)
+        points = pca.transform(points)
         if centers is not None:
-            centers = (centers - mean) @ components.T
+            centers = pca.transform(centers)  # the same fit, so the centres sit among their points
         xlabel, ylabel = (f"PC{i + 1} ({100 * ratio[i]:.1f}% var)" for i in range(2))
     else:
         xlabel, ylabel = "feature 0", "feature 1"
 
     ax = _axes(ax)
-    colors = _cluster_colors(k)
+    colors = _distinct_colors(k)
     size = float(np.clip(2e4 / max(len(points), 1), 2.0, 30.0))
     for c in range(k):
         mask = shown == c
@@ -556,102 +535,22 @@ def plot_speedup(ranks: Any, seconds: Any, *, ax: Any = None, label: str | None 
 
 
 def _history_dict(history: Any) -> dict[str, Any]:
-    """Normalise a training history into one plain dict with canonical keys.
-
-    The one place that knows history layouts. Accepted:
-
-    - a ``Mapping`` ``{"loss": [...], "val_loss": [...], ...}`` (Keras's ``History.history``);
-    - an object with a ``.history`` Mapping attribute (``keras.callbacks.History``, or what
-      ``mpinb.keras.fit`` returns);
-    - a sequence of per-epoch Mappings of scalars ``[{"loss": 0.9}, {"loss": 0.7}]``.
-
-    Per-rank values end up under ``"rank_<metric>"`` as epochs x ranks. They come from a key
-    ``"rank_<metric>"`` already, or from ``rank_history`` / ``per_rank`` (an attribute of the object,
-    or a key of the dict) holding a Mapping ``{metric: epochs x ranks}``, a sequence (ranks) of
-    per-rank History dicts, or a bare epochs x ranks array of losses. Keys in ``_ALIASES`` are
-    renamed to the names ``mpinb.keras.fit`` writes (``"comm_time"`` -> ``"comm_seconds"``,
-    ``"loss_per_rank"`` -> ``"rank_loss"``, ...). Values are returned as given; ``_series`` converts
-    and checks the ones a plot reads.
-    """
-    rank_parts: list[Any] = []
+    """The history as a dict: what ``mpinb.keras.fit`` returns, or a Keras ``History``'s ``.history``."""
     if isinstance(history, Mapping):
-        raw = dict(history)
-    elif isinstance(getattr(history, "history", None), Mapping):
-        raw = dict(history.history)
-        rank_parts = [
-            getattr(history, attr) for attr in _RANK_SOURCES if getattr(history, attr, None) is not None
-        ]
-    elif (
-        isinstance(history, Sequence)
-        and not isinstance(history, str)
-        and len(history) > 0
-        and all(isinstance(row, Mapping) for row in history)
-    ):
-        keys = sorted({key for row in history for key in row})
-        raw = {key: [row.get(key, np.nan) for row in history] for key in keys}
-    else:
-        raise TypeError(
-            "history must be a dict like History.history ({'loss': [...], ...}), an object with a .history "
-            f"dict (keras.callbacks.History), or a list of per-epoch dicts; got {type(history).__name__}."
-        )
-    for key in _RANK_SOURCES:
-        if key in raw:
-            rank_parts.append(raw.pop(key))
-
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        out[_ALIASES.get(str(key), str(key))] = value
-    for part in rank_parts:
-        for metric, table in _rank_tables(part).items():
-            out.setdefault("rank_" + _ALIASES.get(metric, metric).removeprefix("rank_"), table)
-
-    # A ranks x epochs table is recognisable when the global curve says how many epochs there were.
-    for key in [k for k in out if k.startswith("rank_")]:
-        glob = out.get(key.removeprefix("rank_"))
-        if glob is None:
-            continue
-        try:
-            table = np.asarray(out[key], dtype=np.float64)
-            n_epochs = np.asarray(glob, dtype=np.float64).size
-        except (ValueError, TypeError):
-            continue  # _series reports malformed values when a plot reads them
-        if table.ndim == 2 and table.shape[0] != n_epochs and table.shape[1] == n_epochs:
-            out[key] = table.T
-    return out
-
-
-def _rank_tables(part: Any) -> dict[str, Any]:
-    """Per-rank data in one of the layouts ``_history_dict`` accepts -> ``{metric: epochs x ranks}``."""
-    if isinstance(part, Mapping):
-        return {str(metric): table for metric, table in part.items()}
-    if isinstance(part, Sequence) and len(part) > 0 and all(_is_history(r) for r in part):
-        per_rank = [dict(r if isinstance(r, Mapping) else r.history) for r in part]
-        metrics = sorted(set.intersection(*(set(r) for r in per_rank)))
-        tables = {}
-        for metric in metrics:
-            columns = [np.asarray(r[metric], dtype=np.float64).reshape(-1) for r in per_rank]
-            if len({len(c) for c in columns}) != 1:
-                raise ValueError(
-                    f"Every rank's history must have the same number of epochs of {metric!r}; "
-                    f"got {[len(c) for c in columns]} (by rank)."
-                )
-            tables[metric] = np.stack(columns, axis=1)
-        return tables
-    return {"loss": part}
+        return dict(history)
+    # Duck-typed, so that keras is not imported here (and an exception raised by mpinb.keras.fit,
+    # which carries the history up to the stop as its .history, plots too).
+    if isinstance(getattr(history, "history", None), Mapping):
+        return dict(history.history)
+    raise TypeError(
+        "history must be what mpinb.keras.fit returns (a dict {'loss': [...], 'rank_loss': [...], ...}) or a "
+        f"keras.callbacks.History from model.fit (its .history dict); got {type(history).__name__}."
+    )
 
 
 def _timing(h: Mapping[str, Any], key: str) -> np.ndarray:
-    """Seconds per epoch as an epochs x ranks array (one column when given one number per epoch)."""
-    try:
-        values = np.asarray(h[key], dtype=np.float64)
-    except (ValueError, TypeError):
-        values = None
-    if values is None or values.ndim not in (1, 2) or values.size == 0:
-        raise ValueError(
-            f"history[{key!r}] must hold seconds per epoch (a list, or epochs x ranks); got {h[key]!r:.80}."
-        )
-    if values.ndim == 1:
-        values = values[:, None]
+    """``h[key]`` as an epochs x ranks array of seconds, checked."""
+    values = _series(h, key, ndim=2)
     bad = ~(values >= 0)  # also catches NaN
     if bad.any():
         raise ValueError(f"history[{key!r}] must hold seconds >= 0; got {values[bad][0]:g}.")
@@ -673,10 +572,6 @@ def _nonempty(h: Mapping[str, Any], key: str) -> bool:
     # mpinb.keras.fit leaves "rank_loss" as [] when no loss was logged: treat it as absent.
     value = h.get(key)
     return value is not None and (not hasattr(value, "__len__") or len(value) > 0)
-
-
-def _is_history(value: Any) -> bool:
-    return isinstance(value, Mapping) or isinstance(getattr(value, "history", None), Mapping)
 
 
 def _series(h: Mapping[str, Any], key: str, *, ndim: int) -> np.ndarray:
@@ -731,26 +626,19 @@ def _subsample(codes: np.ndarray, max_points: int, random_state: int | None) -> 
     return np.sort(np.concatenate([chosen, extra]))
 
 
-def _pca2(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, first two principal axes (2 x d) and their explained-variance ratios."""
-    mean = points.mean(axis=0)
-    centred = points - mean
-    _, s, vt = np.linalg.svd(centred, full_matrices=False)
-    components = vt[:2].copy()
-    # Singular vectors are defined up to sign; fix it so the same data always gives the same picture.
-    signs = np.sign(components[np.arange(2), np.argmax(np.abs(components), axis=1)])
-    components *= np.where(signs == 0, 1.0, signs)[:, None]
-    var = s**2
-    total = var.sum()
-    ratio = var[:2] / total if total > 0 else np.zeros(2)
-    if len(ratio) < 2:  # a single sample: no spread at all
-        ratio = np.pad(ratio, (0, 2 - len(ratio)))
-        components = np.vstack([components, np.zeros((2 - len(components), points.shape[1]))])
-    return mean, components, ratio
+def _pca2(points: np.ndarray, random_state: int | None) -> tuple[Any, np.ndarray]:
+    """scikit-learn's PCA with two components fitted on ``points``, and its explained-variance ratios."""
+    from sklearn.decomposition import PCA
+
+    # PCA needs two samples for two components; a lone point (no spread) is fitted as a pair.
+    fitted = points if len(points) > 1 else np.repeat(points, 2, axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # identical points: 0 / 0 total variance
+        pca = PCA(n_components=2, random_state=random_state).fit(fitted)
+    return pca, np.nan_to_num(np.asarray(pca.explained_variance_ratio_, dtype=np.float64))
 
 
-def _cluster_colors(k: int) -> np.ndarray:
-    """``k`` distinct RGBA colours: a qualitative colormap, or evenly spaced hues past 20 clusters."""
+def _distinct_colors(k: int) -> np.ndarray:
+    """``k`` distinct RGBA colours (clusters, ranks): a qualitative colormap, evenly spaced hues past 20."""
     import matplotlib
 
     if k <= 10:
@@ -761,12 +649,6 @@ def _cluster_colors(k: int) -> np.ndarray:
         colors = np.asarray(matplotlib.colormaps["tab20"].colors)
         return np.concatenate([colors[0::2], colors[1::2]])[:k]
     return matplotlib.colormaps["turbo"](np.linspace(0.0, 1.0, k))
-
-
-def _rank_colors(size: int) -> np.ndarray:
-    import matplotlib
-
-    return matplotlib.colormaps["viridis"](np.linspace(0.0, 0.9, max(size, 1)))
 
 
 def _axes(ax: Any) -> Any:

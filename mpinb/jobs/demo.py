@@ -1,8 +1,8 @@
 """The demo's engine-side work, identical under ipyparallel and plain ``mpiexec``.
 
 Run by ``mpinb demo`` (on engines) and ``mpinb demo --batch`` (``mpiexec -n N python -m
-mpinb.jobs.demo OUT.npz``). Collective: every rank calls :func:`run`; rank 0's return value holds
-everything the client needs to plot.
+mpinb.jobs.demo OUT.pkl EPOCHS``, where rank 0 pickles its result to ``OUT.pkl``). Collective: every
+rank calls :func:`run`; rank 0's return value holds everything the client needs to plot.
 """
 
 from __future__ import annotations

@@ -12,7 +12,11 @@ Collective helpers for engines; Keras and TensorFlow are imported only by this s
 
 from __future__ import annotations
 
-from mpinb.keras.callbacks import (
+from mpinb._quiet_tf import import_tensorflow
+
+import_tensorflow()  # before Keras loads it: without the C++ start-up lines on every rank
+
+from mpinb.keras.callbacks import (  # noqa: E402
     BroadcastInitialState,
     LearningRateWarmup,
     MetricAverage,
@@ -21,8 +25,8 @@ from mpinb.keras.callbacks import (
     SyncNonTrainable,
     broadcast_state,
 )
-from mpinb.keras.optimizer import DistributedOptimizer, is_distributed
-from mpinb.keras.training import evaluate, fit
+from mpinb.keras.optimizer import DistributedOptimizer, is_distributed  # noqa: E402
+from mpinb.keras.training import evaluate, fit  # noqa: E402
 
 __all__ = [
     "BroadcastInitialState",

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from mpinb import _collective, _numba
+from mpinb._layout import Layout
 
 __all__ = ["Packer", "sum_over_ranks"]
 
@@ -27,24 +28,10 @@ class Packer:
     _KEEP = 4  # sets of buffers kept for reuse
 
     def __init__(self, grads: tuple[np.ndarray, ...]) -> None:
-        self.slots: list[tuple[int, int, int]] = []  # per gradient: (buffer, start, stop)
-        dtypes: list[np.dtype] = []
-        ends: list[int] = []
-        for g in grads:
-            if g.dtype not in dtypes:
-                dtypes.append(g.dtype)
-                ends.append(0)
-            b = dtypes.index(g.dtype)
-            step = self._ALIGN // g.dtype.itemsize
-            start = -(-ends[b] // step) * step
-            self.slots.append((b, start, start + g.size))
-            ends[b] = start + g.size
-        ends[0] += 3  # the (interrupt, stop, non-finite) votes ride at the end of the first buffer
-        self.shapes = [g.shape for g in grads]
-        self.dtypes = dtypes
-        self.lengths = ends
+        # The (interrupt, stop, non-finite) votes ride at the end of the first buffer.
+        self.plan = Layout([g.shape for g in grads], [g.dtype for g in grads], align=self._ALIGN, extra=3)
         # What every rank must agree on before summing: the buffers' lengths and dtypes.
-        self.layout = tuple((n, d.str) for n, d in zip(ends, dtypes))
+        self.layout = tuple((n, d.str) for n, d in zip(self.plan.lengths, self.plan.dtypes))
         self._sets: list[_BufferSet] = []
         self.allocations = 0
 
@@ -59,14 +46,14 @@ class Packer:
         """
         bufs = self._idle_set()
         finite = True
-        for g, (b, start, stop) in zip(grads, self.slots):
+        for g, (b, start, stop) in zip(grads, self.plan.slots):
             dst = bufs.buffers[b][start:stop]
             finite &= _scale_into(g.reshape(-1), dst.dtype.type(scale), dst)
         bufs.buffers[0][-3:] = (*votes, 0.0 if finite else 1.0)
         return bufs
 
     def unpack(self, bufs: _BufferSet) -> list[np.ndarray]:
-        views = [bufs.buffers[b][start:stop].reshape(shape) for (b, start, stop), shape in zip(self.slots, self.shapes)]
+        views = self.plan.views(bufs.buffers)
         bufs.lent = [weakref.ref(v) for v in views]
         return views
 
@@ -74,7 +61,7 @@ class Packer:
         for bufs in self._sets:
             if all(ref() is None for ref in bufs.lent):
                 return bufs
-        bufs = _BufferSet(self.lengths, self.dtypes, self._ALIGN)
+        bufs = _BufferSet(self.plan.lengths, self.plan.dtypes, self._ALIGN)
         self.allocations += 1
         if len(self._sets) < self._KEEP:
             self._sets.append(bufs)

@@ -10,11 +10,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mpinb.comm import allreduce
+from mpinb.comm import allreduce, gather_rows
 from mpinb.errors import check_same
 from mpinb.keras._pack import Packer, sum_over_ranks
 
-__all__ = ["ArrayAverager", "average_arrays", "epoch_batches", "mean_logs", "steps_per_epoch", "sum_arrays"]
+__all__ = ["ArrayAverager", "average_arrays", "epoch_batches", "gather_logs", "steps_per_epoch", "sum_arrays"]
 
 
 def steps_per_epoch(counts: Sequence[int], per_rank_batch: int) -> int:
@@ -71,20 +71,20 @@ def sum_arrays(arrays: Sequence[np.ndarray], *, comm: Any) -> list[np.ndarray]:
     return [np.asarray(r).astype(np.asarray(a).dtype) for r, a in zip(reduced, arrays)]
 
 
-def mean_logs(logs: Mapping[str, Any], *, comm: Any, skip: Sequence[str] = ()) -> dict[str, float]:
-    """Average every numeric scalar in ``logs`` over ranks, in sorted key order.
+def gather_logs(logs: Mapping[str, Any], *, comm: Any) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Every rank's numeric scalar logs, and their mean over ranks.
 
-    Collective. The key set is checked first (one tiny Allreduce), so a rank whose logs differ makes
-    every rank raise :class:`~mpinb.CollectiveMismatchError` instead of mixing up values. Keys in
-    ``skip`` (already global) and non-scalar values are returned unchanged.
+    Collective. The key sets are checked first, so a rank whose logs differ makes every rank raise
+    :class:`~mpinb.CollectiveMismatchError` naming each rank's keys instead of mixing up values.
+    The values then travel in one buffer gather; the mean is the same arithmetic on the same
+    numbers in rank order, so it is identical on every rank. Returns ``(means, per_rank)``.
     """
-    keys = sorted(k for k, v in logs.items() if k not in skip and _is_scalar(v))
+    keys = sorted(k for k, v in logs.items() if _is_scalar(v))
     check_same(keys, "the names of the logged metrics", comm=comm)
-    out = dict(logs)
-    if keys:
-        values = allreduce([np.array([float(logs[k]) for k in keys])], op="mean", comm=comm)[0]
-        out.update({k: float(v) for k, v in zip(keys, values)})
-    return out
+    values = gather_rows(np.array([[float(logs[k]) for k in keys]], dtype=np.float64), root=None, comm=comm)
+    means = values.mean(axis=0) if keys else np.zeros(0)
+    per_rank = [dict(zip(keys, (float(v) for v in row))) for row in values]
+    return dict(zip(keys, (float(m) for m in means))), per_rank
 
 
 def _is_scalar(value: Any) -> bool:

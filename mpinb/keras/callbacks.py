@@ -11,10 +11,11 @@ from typing import Any
 import keras
 import numpy as np
 
+from mpinb._layout import Layout
 from mpinb.comm import allreduce, bcast, on_root
-from mpinb.errors import _resolve, check_same
+from mpinb.errors import _check_int, _resolve, check_same
 from mpinb.interrupt import StopFlag
-from mpinb.keras._sync import average_arrays, mean_logs
+from mpinb.keras._sync import average_arrays, gather_logs
 from mpinb.keras.optimizer import is_distributed
 
 __all__ = [
@@ -50,7 +51,11 @@ class BroadcastInitialState(keras.callbacks.Callback):
         self.comm = _resolve(comm)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        broadcast_state(self.model, root=self.root, comm=self.comm)
+        self.broadcast(self.model)
+
+    def broadcast(self, model: Any) -> None:
+        """Copy root's state of ``model`` now (what ``mpinb.keras.fit`` does before its first step)."""
+        broadcast_state(model, root=self.root, comm=self.comm)
 
 
 class MetricAverage(keras.callbacks.Callback):
@@ -60,18 +65,27 @@ class MetricAverage(keras.callbacks.Callback):
     checkpoints see the same global numbers on every rank and decide the same way. With the same
     number of steps and the same per-rank batch size on every rank (what ``mpinb.keras.fit``
     runs), the mean of per-rank means is the global mean; for exact metrics over uneven shards use
-    :func:`mpinb.keras.evaluate`.
+    :func:`mpinb.keras.evaluate`. Ranks whose logs have different names raise
+    :class:`~mpinb.CollectiveMismatchError` on every rank.
+
+    Attributes
+    ----------
+    rank_logs : list of dict
+        After each epoch, every rank's own logs before averaging, in rank order (``fit`` keeps
+        their ``loss`` as the history's ``rank_loss``).
     """
 
     def __init__(self, *, comm: Any = None) -> None:
         super().__init__()
         self.comm = _resolve(comm)
+        self.rank_logs: list[dict[str, float]] = []
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is None:
             return
+        means, self.rank_logs = gather_logs(logs, comm=self.comm)
         # Keras hands the same dict to the callbacks that follow, so update it in place.
-        logs.update(mean_logs(logs, comm=self.comm))
+        logs.update(means)
 
 
 class SyncNonTrainable(keras.callbacks.Callback):
@@ -167,8 +181,7 @@ class RootCheckpoint(keras.callbacks.Callback):
         filepath = os.fspath(filepath)
         if not filepath.endswith(".keras"):
             raise ValueError(f"RootCheckpoint saves the native Keras format: filepath must end in .keras; got {filepath!r}.")
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive integer number of epochs; got {every!r}.")
+        _check_int(every, "every", minimum=1, unit="number of epochs")
         self.filepath = filepath
         self.every = every
         self.comm = _resolve(comm)
@@ -340,19 +353,10 @@ def sync_non_trainable(model: Any, *, comm: Any = None) -> None:
 
 def _bcast_arrays(values: list[np.ndarray], *, root: int, comm: Any) -> list[np.ndarray]:
     """One buffer Bcast per dtype (layouts already checked identical on every rank)."""
-    out: list[np.ndarray] = [np.empty(0)] * len(values)
-    groups: dict[str, list[int]] = {}
-    for i, v in enumerate(values):
-        groups.setdefault(v.dtype.str, []).append(i)
-    for dtype, members in groups.items():
-        flat = np.concatenate([values[i].reshape(-1) for i in members]) if members else np.empty(0, dtype)
-        flat = bcast(flat if comm.Get_rank() == root else None, root=root, comm=comm)
-        offset = 0
-        for i in members:
-            n = values[i].size
-            out[i] = flat[offset : offset + n].reshape(values[i].shape)
-            offset += n
-    return out
+    plan = Layout([v.shape for v in values], [v.dtype for v in values])
+    is_root = comm.Get_rank() == root
+    buffers = plan.pack(values) if is_root else [np.empty(n, dtype) for n, dtype in zip(plan.lengths, plan.dtypes)]
+    return plan.views([bcast(buf, root=root, comm=comm) for buf in buffers])
 
 
 def _save(model: Any, filepath: str, epoch: int) -> None:

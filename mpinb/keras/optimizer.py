@@ -24,7 +24,9 @@ def DistributedOptimizer(optimizer: Any, *, comm: Any = None) -> Any:  # noqa: N
     model with the same number of steps (``mpinb.keras.fit`` guarantees this). The hook is
     ``optimizer.apply``, which Keras's ``fit``, ``train_on_batch`` and custom loops calling
     ``apply_gradients`` all reach; inside it one ``tf.numpy_function`` packs all gradients into one
-    buffer and calls ``comm.Allreduce`` once, then divides by the number of ranks.
+    buffer, multiplying each by ``1 / size`` as it is copied in, and calls ``comm.Allreduce`` once:
+    the sum of the scaled gradients is their mean, so nothing is divided afterwards. (Half-precision
+    gradients are packed and summed in float32; on one rank the hook does nothing.)
 
     The wrapper is a subclass of the optimizer's class with the same name and module, built from the
     optimizer's config (state of a built optimizer is copied), so ``model.save`` on rank 0 writes a
@@ -50,6 +52,8 @@ def DistributedOptimizer(optimizer: Any, *, comm: Any = None) -> Any:  # noqa: N
         If ``optimizer`` is not a Keras 3 optimizer instance.
     ValueError
         If it is already distributed, or is a ``LossScaleOptimizer`` around a distributed one.
+    RuntimeError
+        If it is already built and this Keras version does not say for which variables.
 
     Notes
     -----
@@ -80,7 +84,7 @@ def DistributedOptimizer(optimizer: Any, *, comm: Any = None) -> Any:  # noqa: N
     cls = _distributed_class(type(optimizer))
     wrapped = cls.from_config(optimizer.get_config())
     if optimizer.built:
-        wrapped.build(list(optimizer._trainable_variables))
+        wrapped.build(_built_for(optimizer))
         for mine, theirs in zip(wrapped.variables, optimizer.variables):
             mine.assign(theirs)
     exchange = _Exchange(_resolve(comm))
@@ -215,30 +219,78 @@ def _distributed_class(base: type) -> type:
     Distributed.__qualname__ = base.__qualname__
     Distributed.__module__ = base.__module__
     Distributed.__doc__ = base.__doc__
-    _copy_registration(base, Distributed)
+    _serialise_as(base, Distributed)
     _CLASSES[base] = Distributed
     return Distributed
 
 
-def _copy_registration(base: type, cls: type) -> None:
-    """Make Keras serialise ``cls`` exactly as ``base`` ("keras.optimizers" / "SGD", or a custom
-    registered name). Keras looks both up by class object in registries that have no public
-    setter; if their layout changes, saving still works through the class's module path."""
-    import importlib
+def _serialise_as(base: type, cls: type) -> None:
+    """Make Keras serialise ``cls`` exactly as ``base``, while loading still gives ``base``.
 
-    for module, registry in (
-        ("keras.src.api_export", "REGISTERED_OBJS_TO_NAMES"),
-        ("keras.src.saving.object_registration", "GLOBAL_CUSTOM_NAMES"),
-    ):
-        try:
-            names = getattr(importlib.import_module(module), registry)
-        except (ImportError, AttributeError):
-            continue
-        if base in names:
-            names[cls] = names[base]
+    Keras writes a class under a custom name given by ``keras.saving.register_keras_serializable``
+    ("package>Name"), under the exported API name for its own classes ("keras.optimizers" /
+    "SGD"), or else under its module and class name, which ``cls`` already shares with ``base``.
+    """
+    import keras
+
+    name = keras.saving.get_registered_name(base)  # the bare class name when not registered
+    if ">" in name:
+        package, _, short = name.partition(">")
+        # Registering writes both directions: cls -> name (wanted: the wrapper saves under base's
+        # name) and name -> cls (not wanted: a reloaded model must get the plain base, which has no
+        # MPI exchange). get_custom_objects() is Keras's live name -> class dict; put it back.
+        objects = keras.saving.get_custom_objects()
+        previous = objects.get(name)
+        keras.saving.register_keras_serializable(package, short)(cls)
+        if previous is None:
+            objects.pop(name, None)
+        else:
+            objects[name] = previous
+    _alias_exported_name(base, cls)
+
+
+def _alias_exported_name(base: type, cls: type) -> None:
+    """Give ``cls`` the exported API name of ``base`` (``keras.optimizers.SGD``), if it has one.
+
+    Private Keras API, confined here: Keras looks the exported name up by class object in
+    ``keras.src.api_export.REGISTERED_OBJS_TO_NAMES``, which no public function sets. Only the
+    class -> name direction is written, so loading that name still gives ``base``. Fallback, if the
+    registry moves: ``cls`` is written under ``base``'s module path
+    (``keras.src.optimizers.sgd.SGD``), which plain Keras also loads as ``base``.
+    """
+    try:
+        from keras.src import api_export
+
+        names = api_export.REGISTERED_OBJS_TO_NAMES
+    except (ImportError, AttributeError):
+        return
+    if isinstance(names, dict) and base in names:
+        names[cls] = names[base]
+
+
+def _built_for(optimizer: Any) -> list[Any]:
+    """The model variables a built ``optimizer`` was built for, to build its wrapper for the same.
+
+    Private Keras API, confined here: ``build(variables)`` is public but nothing public gives the
+    list back; Keras keeps it in ``_trainable_variables``. Fallback, if that moves: a clear error
+    asking for the optimizer to be wrapped before it is built, when there is no state to copy.
+    """
+    variables = getattr(optimizer, "_trainable_variables", None)
+    if variables is None:
+        raise RuntimeError(
+            f"DistributedOptimizer cannot copy the state of an already built {type(optimizer).__name__} "
+            "with this Keras version; wrap the optimizer before training, e.g. "
+            "model.compile(optimizer=DistributedOptimizer(keras.optimizers.Adam(1e-3)), ...)."
+        )
+    return list(variables)
 
 
 def _in_xla_context() -> bool:
+    """Whether the step being traced is XLA-compiled (``jit_compile=True``).
+
+    Private TensorFlow API, confined here: TensorFlow has no public test for it. Fallback, if the
+    helper moves: ``False``, so there is no early check and XLA itself refuses the Python call.
+    """
     try:
         import tensorflow as tf
         from tensorflow.python.ops import control_flow_util

@@ -8,22 +8,22 @@ import os
 import secrets
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import keras
 import numpy as np
 
 from mpinb import _collective
-from mpinb.comm import allreduce, limit_threads, on_root
-from mpinb.errors import CollectiveMismatchError, _is_int, _resolve, check_all, check_same, raise_together
+from mpinb.comm import allreduce, gather_rows, limit_threads, on_root, threads_chosen
+from mpinb.errors import _check_int, _resolve, check_all, check_same, raise_together
 from mpinb.keras._sync import ArrayAverager, epoch_batches, steps_per_epoch, sum_arrays
 from mpinb.keras.callbacks import (
     BroadcastInitialState,
     MetricAverage,
     RootCheckpoint,
     StopOnInterrupt,
-    broadcast_state,
-    sync_non_trainable,
+    SyncNonTrainable,
 )
 from mpinb.keras.optimizer import DistributedOptimizer, is_distributed
 from mpinb.live import Progress
@@ -142,17 +142,59 @@ def fit(
     # SIGINT only sets the stopper's flag from the first line on: a Ctrl-C during validation, the
     # broadcast or the first trace reaches every rank through the first step's vote, instead of
     # raising on one rank while the others wait in a collective.
+    settings = _FitSettings(batch_size, epochs, strategy, average_every, bool(shuffle), seed,
+                            None if checkpoint is None else os.fspath(checkpoint), bool(resume), verbose)
     with stopper.flag:
-        return _fit(model, x, y, batch_size, epochs, validation_data, strategy, average_every, shuffle, seed,
-                    user_callbacks, stopper, checkpoint, resume, verbose, comm)
+        return _fit(model, x, y, validation_data, settings, user_callbacks, stopper, comm)
 
 
-def _fit(model: Any, x: Any, y: Any, batch_size: int, epochs: int, validation_data: Any, strategy: str,
-         average_every: int, shuffle: bool, seed: int | None, user_callbacks: list[Any], stopper: Any,
-         checkpoint: Any, resume: bool, verbose: Any, comm: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _FitSettings:
+    """fit's arguments that every rank must pass alike (all but the data, callbacks and comm)."""
+
+    batch_size: int
+    epochs: int
+    strategy: str
+    average_every: int
+    shuffle: bool
+    seed: int | None
+    checkpoint: str | None
+    resume: bool
+    verbose: Any
+
+    def check(self, size: int, callbacks: list[Any]) -> None:
+        """Local checks, with the messages users see on every rank."""
+        _check_int(self.batch_size, "batch_size", minimum=1, unit="(the global batch over all ranks)")
+        if self.batch_size % size:
+            lower = max(size, self.batch_size // size * size)
+            raise ValueError(
+                f"batch_size is the global batch and must be a multiple of the number of ranks ({size}); "
+                f"got {self.batch_size}. Use {lower} or {lower + size}."
+            )
+        _check_int(self.epochs, "epochs", minimum=0)
+        if self.strategy not in _STRATEGIES:
+            raise ValueError(f"strategy must be 'gradients' or 'weights'; got {self.strategy!r}.")
+        _check_int(self.average_every, "average_every", minimum=1, unit="number of steps")
+        for cb in callbacks:
+            if not isinstance(cb, keras.callbacks.Callback):
+                raise TypeError(f"callbacks must be keras.callbacks.Callback instances; got {cb!r}.")
+        if self.resume and self.checkpoint is None:
+            raise ValueError("resume=True needs checkpoint='path.keras' to resume from.")
+
+    def agreed(self) -> tuple:
+        """What :func:`check_same` compares across ranks (verbosity is rank 0's business)."""
+        return (self.batch_size, self.epochs, self.strategy, self.average_every, self.shuffle, self.seed,
+                self.checkpoint, self.resume)
+
+
+def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: _FitSettings, user_callbacks: list[Any],
+         stopper: Any, comm: Any) -> dict[str, Any]:
     rank, size = comm.Get_rank(), comm.Get_size()
+    s = settings
+    batch_size, epochs, strategy, average_every = s.batch_size, s.epochs, s.strategy, s.average_every
+    shuffle, seed, checkpoint, resume = s.shuffle, s.seed, s.checkpoint, s.resume
     with raise_together(comm=comm):
-        _check_fit_args(batch_size, epochs, strategy, average_every, size, user_callbacks, checkpoint, resume)
+        settings.check(size, user_callbacks)
         n_local = _check_xy(x, y, "x", "y")
         if validation_data is not None:
             if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
@@ -161,9 +203,8 @@ def _fit(model: Any, x: Any, y: Any, batch_size: int, epochs: int, validation_da
         _check_model(model, strategy)
         _check_finite_inputs(x, y)
     check_same(
-        (batch_size, epochs, strategy, average_every, bool(shuffle), seed, validation_data is None,
-         None if checkpoint is None else os.fspath(checkpoint), bool(resume)),
-        "fit()'s arguments (batch_size, epochs, strategy, average_every, shuffle, seed, validation, checkpoint, resume)",
+        (*settings.agreed(), validation_data is None),
+        "fit()'s arguments (batch_size, epochs, strategy, average_every, shuffle, seed, checkpoint, resume, validation)",
         comm=comm,
     )
     per_rank = batch_size // size
@@ -180,10 +221,13 @@ def _fit(model: Any, x: Any, y: Any, batch_size: int, epochs: int, validation_da
     if seed is None:
         seed = on_root(lambda: secrets.randbits(62), comm=comm)
 
-    with warnings.catch_warnings():
-        # TensorFlow's pools are fixed once it runs; limit_threads says so, and that is expected here.
-        warnings.simplefilter("ignore", RuntimeWarning)
-        limit_threads(comm=comm)
+    if not threads_chosen():
+        # Nobody chose a budget: share the node's cores rather than let every rank take them all.
+        # (Local after the collectives above set up the channel, so ranks may differ here.)
+        with warnings.catch_warnings():
+            # TensorFlow's pools are fixed once it runs; limit_threads says so, and that is expected here.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            limit_threads(comm=comm)
 
     if strategy == "gradients":
         if not is_distributed(model.optimizer):
@@ -204,19 +248,25 @@ def _fit(model: Any, x: Any, y: Any, batch_size: int, epochs: int, validation_da
         initial_epoch = _resume(model, os.fspath(checkpoint), comm)
     # Before any step: same starting point everywhere (and a model that differs across ranks fails
     # here, on every rank, with the shapes it found).
-    broadcast_state(model, comm=comm)
+    applied = _applied_callbacks(user_callbacks, comm)
+    applied[BroadcastInitialState].broadcast(model)
 
     loop = _FitLoop(
         comm=comm, strategy=strategy, average_every=average_every, steps=steps, per_rank=per_rank,
         validation_data=validation_data, eval_batch=max(per_rank, 32), epochs=epochs,
+        metrics=applied[MetricAverage],
     )
     stopper.raise_errors = False
-    # Order matters: the loop makes logs global before user callbacks (EarlyStopping, live plots)
-    # read them; the checkpoint saves the synced state; the stopper, last, turns every stop request
-    # made by the callbacks before it into a decision shared by all ranks.
+    # Order matters: weight averages and timings close the epoch; BatchNorm statistics are synced
+    # and logs made global before validation runs and user callbacks (EarlyStopping, live plots)
+    # read them; the checkpoint saves the synced state; the stopper, last, turns every stop
+    # request made by the callbacks before it into a decision shared by all ranks.
     ordered = [
         loop,
-        *[cb for cb in user_callbacks if not isinstance(cb, (StopOnInterrupt, MetricAverage, BroadcastInitialState))],
+        applied[SyncNonTrainable],
+        applied[MetricAverage],
+        loop.recorder,
+        *[cb for cb in user_callbacks if not isinstance(cb, (StopOnInterrupt, *_APPLIED))],
     ]
     if checkpoint is not None:
         ordered.append(RootCheckpoint(checkpoint, comm=comm))
@@ -257,7 +307,7 @@ def _fit(model: Any, x: Any, y: Any, batch_size: int, epochs: int, validation_da
                 steps_per_epoch=steps,
                 callbacks=ordered,
                 shuffle=False,  # the dataset is already in the epoch's order
-                verbose=(2 if verbose == "auto" else verbose) if rank == 0 else 0,
+                verbose=(2 if s.verbose == "auto" else s.verbose) if rank == 0 else 0,
             )
         except Exception as err:
             if exchange is not None and exchange.error is not None:
@@ -313,8 +363,7 @@ def evaluate(model: Any, x: Any, y: Any, *, batch_size: int = 32, comm: Any = No
     """
     comm = _resolve(comm)
     with raise_together(comm=comm):
-        if not _is_int(batch_size) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}.")
+        _check_int(batch_size, "batch_size", minimum=1)
         n_local = _check_xy(x, y, "x", "y")
         if not getattr(model, "compiled", False):
             raise ValueError("evaluate needs a compiled model: call model.compile(loss=..., metrics=...) first.")
@@ -325,12 +374,16 @@ def evaluate(model: Any, x: Any, y: Any, *, batch_size: int = 32, comm: Any = No
 
 
 class _FitLoop(keras.callbacks.Callback):
-    """fit's own bookkeeping, first after the broadcast: weight averaging, BatchNorm sync, global
-    logs, exact validation, timings and the history dict."""
+    """fit's own bookkeeping: weight averaging and epoch timings (first among the callbacks), then,
+    through ``recorder`` (after SyncNonTrainable and MetricAverage), exact validation, the history
+    dict and live progress."""
 
     def __init__(self, *, comm: Any, strategy: str, average_every: int, steps: int, per_rank: int,
-                 validation_data: Any, eval_batch: int, epochs: int) -> None:
+                 validation_data: Any, eval_batch: int, epochs: int, metrics: MetricAverage) -> None:
         super().__init__()
+        self.metrics = metrics
+        self.recorder = keras.callbacks.LambdaCallback(on_epoch_end=self._record)
+        self._epoch_times = [0.0, 0.0, 0.0, 0.0]
         # Rank 0 publishes the global loss curve to the notebook each epoch (mpinb.live.watch draws
         # it while the cell runs); a no-op under plain mpiexec.
         self.progress = Progress("loss", total=epochs, comm=comm, min_interval=0.0)
@@ -370,37 +423,29 @@ class _FitLoop(keras.callbacks.Callback):
             self._average_weights()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        logs = logs if logs is not None else {}
         if self.strategy == "weights" and self._since_average:
             self._average_weights()
         wall = time.perf_counter() - self._t0
         comm_s, wait_s = self._exchange_times() - self._at_begin + self._weights_times
-        sync_non_trainable(self.model, comm=self.comm)
-        local = {k: float(np.asarray(v)) for k, v in logs.items() if np.ndim(v) == 0}
-        gathered = _collective.allgather((sorted(local), [local[k] for k in sorted(local)], wall - comm_s, comm_s,
-                                          self._steps_done, wait_s), comm=self.comm, name="fit's epoch logs")
-        keys = gathered[0][0]
-        if any(g[0] != keys for g in gathered):
-            raise CollectiveMismatchError(
-                "the names of the logged metrics must be the same on every rank, but differ: "
-                + "; ".join(f"rank {r}: {g[0]}" for r, g in enumerate(gathered))
-            )
-        # The same arithmetic on the same gathered numbers, in rank order: identical on every rank.
-        values = np.array([g[1] for g in gathered], dtype=np.float64).reshape(len(gathered), len(keys))
-        means = values.mean(axis=0) if keys else []
-        logs.update({k: float(m) for k, m in zip(keys, means)})
+        self._epoch_times = [wall - comm_s, comm_s, wait_s, float(self._steps_done)]
+
+    def _record(self, epoch: int, logs: dict | None) -> None:
+        """After SyncNonTrainable and MetricAverage: exact validation, the history, live progress."""
+        logs = logs if logs is not None else {}
         if self.validation_data is not None:
             xv, yv = self.validation_data
             scores = _global_evaluate(self.model, xv, yv, _length(xv), self.eval_batch, self.comm)
             logs.update({f"val_{k}": v for k, v in scores.items()})
+        times = gather_rows(np.array([self._epoch_times]), root=None, comm=self.comm)
         h = self.history
         h["epoch"].append(int(epoch))
-        h["steps"].append(int(gathered[0][4]))
-        if "loss" in keys:
-            h["rank_loss"].append([float(g[1][keys.index("loss")]) for g in gathered])
-        h["compute_seconds"].append([float(g[2]) for g in gathered])
-        h["comm_seconds"].append([float(g[3]) for g in gathered])
-        h["wait_seconds"].append([float(g[5]) for g in gathered])
+        h["steps"].append(int(times[0, 3]))
+        ranks = self.metrics.rank_logs
+        if ranks and "loss" in ranks[0]:
+            h["rank_loss"].append([r["loss"] for r in ranks])
+        h["compute_seconds"].append([float(t) for t in times[:, 0]])
+        h["comm_seconds"].append([float(t) for t in times[:, 1]])
+        h["wait_seconds"].append([float(t) for t in times[:, 2]])
         for k in sorted(logs):
             if np.ndim(logs[k]) == 0:
                 h.setdefault(k, []).append(float(logs[k]))
@@ -515,27 +560,23 @@ def _load_checkpoint(model: Any, path: str) -> int:
     return epoch + 1
 
 
-def _check_fit_args(batch_size: Any, epochs: Any, strategy: Any, average_every: Any, size: int,
-                    callbacks: list[Any], checkpoint: Any, resume: Any) -> None:
-    if not _is_int(batch_size) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer (the global batch over all ranks); got {batch_size!r}.")
-    if batch_size % size:
-        lower = max(size, batch_size // size * size)
-        raise ValueError(
-            f"batch_size is the global batch and must be a multiple of the number of ranks ({size}); "
-            f"got {batch_size}. Use {lower} or {lower + size}."
-        )
-    if not _is_int(epochs) or epochs < 0:
-        raise ValueError(f"epochs must be a non-negative integer; got {epochs!r}.")
-    if strategy not in _STRATEGIES:
-        raise ValueError(f"strategy must be 'gradients' or 'weights'; got {strategy!r}.")
-    if not _is_int(average_every) or average_every < 1:
-        raise ValueError(f"average_every must be a positive integer number of steps; got {average_every!r}.")
-    for cb in callbacks:
-        if not isinstance(cb, keras.callbacks.Callback):
-            raise TypeError(f"callbacks must be keras.callbacks.Callback instances; got {cb!r}.")
-    if resume and checkpoint is None:
-        raise ValueError("resume=True needs checkpoint='path.keras' to resume from.")
+# The collective callbacks fit always applies: a user's instance is used in place of fit's own.
+_APPLIED = (BroadcastInitialState, SyncNonTrainable, MetricAverage)
+
+
+def _applied_callbacks(callbacks: list[Any], comm: Any) -> dict[type, Any]:
+    """fit's instance of each collective callback it applies: the user's when given, else a new one."""
+    from mpi4py import MPI
+
+    applied: dict[type, Any] = {}
+    for kind in _APPLIED:
+        given = [cb for cb in callbacks if isinstance(cb, kind)]
+        if len(given) > 1:
+            raise ValueError(f"callbacks holds {len(given)} {kind.__name__} instances; fit applies one.")
+        if given and MPI.Comm.Compare(given[0].comm, comm) not in (MPI.IDENT, MPI.CONGRUENT):
+            raise ValueError(f"the {kind.__name__} in callbacks uses another communicator than fit's comm.")
+        applied[kind] = given[0] if given else kind(comm=comm)
+    return applied
 
 
 def _check_model(model: Any, strategy: str) -> None:

@@ -26,7 +26,7 @@ from mpinb.kmeans._lloyd import (
     same_clustering,
     sq_distances,
 )
-from mpinb.errors import _is_int, _resolve, check_same, raise_together
+from mpinb.errors import _check_int, _is_int, _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
 from mpinb.live import Progress
 
@@ -316,8 +316,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     def _validated_params(self) -> dict[str, Any]:
         """Local checks of the hyper-parameters, with the messages users see on every rank."""
         k = self.n_clusters
-        if not _is_int(k) or k < 1:
-            raise ValueError(f"n_clusters must be a positive integer; got {k!r}.")
+        _check_int(k, "n_clusters", minimum=1)
         init = self.init
         if isinstance(init, str):
             if init not in _INITS:
@@ -338,8 +337,8 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         n_init = self.n_init
         if n_init == "auto":
             n_init = 10 if isinstance(init, str) and init == "random" else 1
-        elif not _is_int(n_init) or n_init < 1:
-            raise ValueError(f"n_init must be 'auto' or a positive integer; got {n_init!r}.")
+        else:
+            _check_int(n_init, "n_init", minimum=1, alternative="'auto'")
         if not isinstance(init, str) and n_init != 1:
             warnings.warn(
                 f"Explicit initial center position passed: performing only one init in KMeans "
@@ -348,8 +347,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                 stacklevel=3,
             )
             n_init = 1
-        if not _is_int(self.max_iter) or self.max_iter < 1:
-            raise ValueError(f"max_iter must be a positive integer; got {self.max_iter!r}.")
+        _check_int(self.max_iter, "max_iter", minimum=1)
         tol = self.tol
         if not isinstance(tol, numbers.Real) or isinstance(tol, bool) or not tol >= 0 or math.isinf(tol):
             raise ValueError(f"tol must be a finite number >= 0; got {tol!r}.")

@@ -55,7 +55,7 @@ def kmeans_plusplus(data: Shard, k: int, rng: np.random.RandomState, stop: StopF
     d = data.X.shape[1]
     trials = 2 + int(np.log(k))
     centers = np.empty((k, d))
-    first, _ = _pick(data, _weights_of(data), data.weight_sums, np.array([rng.random_sample() * data.weight_sums.sum()]), "right")
+    first, _ = _pick(data, data.weight_slice, data.weight_sums, np.array([rng.random_sample() * data.weight_sums.sum()]), "right")
     centers[0] = first[0]
     closest = np.empty(data.n_local)
 
@@ -129,7 +129,7 @@ def _kmeans_parallel(data: Shard, k: int, rng: np.random.RandomState, stop: Stop
     from mpinb.comm import gather_rows, on_root
 
     d = data.X.shape[1]
-    first, _ = _pick(data, _weights_of(data), data.weight_sums, np.array([rng.random_sample() * data.weight_sums.sum()]), "right")
+    first, _ = _pick(data, data.weight_slice, data.weight_sums, np.array([rng.random_sample() * data.weight_sums.sum()]), "right")
     candidates = first
     # Squared distances only steer the sampling and the candidate weights, so float32 halves the
     # memory at no cost in quality -- unless the data are so large that they would overflow it.
@@ -237,10 +237,6 @@ def _pick(
         out[order, d + 1] = data.weight_slice(0, data.n_local)[local] if data.weights is not None else 1.0
     _collective.reduce_in_place([out], comm=data.comm, name="KMeans.fit's initial centres")
     return out[:, :d], out[:, d:]
-
-
-def _weights_of(data: Shard) -> Callable[[int, int], np.ndarray]:
-    return data.weight_slice
 
 
 def _weighted_values(data: Shard, closest: np.ndarray) -> Callable[[int, int], np.ndarray]:

@@ -467,3 +467,117 @@ def test_fit_and_evaluate_communicate_only_through_the_layer(digits):
     base.Free()
     assert_everywhere(not outside, f"MPI calls outside the collective layer: {outside[:5]}")
     assert_everywhere((inside > 0) == (SIZE > 1), f"{inside} calls in the layer")
+
+
+def test_fit_keeps_the_thread_budget_the_user_chose(digits, monkeypatch):
+    from threadpoolctl import threadpool_info
+
+    import mpinb.comm
+
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+    # As in a fresh process with no budget in its environment: fit would pick one, unless chosen.
+    for var in mpinb.comm.thread_env(1):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(mpinb.comm, "_chosen_threads", None)
+    assert not mpinb.comm.threads_chosen()
+    # A budget other than the one fit would pick by itself, so that resetting it shows.
+    chosen = 2 if mpinb.comm._default_threads(None, None) == 1 else 1
+    try:
+        assert mpinb.limit_threads(chosen) == chosen
+        mk.fit(mlp(14), Xl, yl, batch_size=64, epochs=1, verbose=0)
+        assert_everywhere(os.environ["OMP_NUM_THREADS"] == os.environ["TF_NUM_INTRAOP_THREADS"] == str(chosen),
+                          f"fit changed the thread variables limit_threads({chosen}) set")
+        pools = {p["internal_api"]: p["num_threads"] for p in threadpool_info()}
+        assert_everywhere(all(n == chosen for n in pools.values()), f"fit resized BLAS/OpenMP pools: {pools}")
+    finally:
+        mpinb.limit_threads(1)
+
+
+# --- the Horovod way: plain model.fit with DistributedOptimizer and the callbacks ------------------
+
+
+def sharded_reference(model, X, y, per_rank: int, epochs: int, size: int):
+    """One process doing what ``size`` data-parallel ranks do, step by step.
+
+    At each step rank r's sub-batch is rows ``[r*per_rank, (r+1)*per_rank)`` of the global batch.
+    Each sub-batch is normalised with its own BatchNorm statistics (as on its rank), gradients are
+    averaged over sub-batches, and the moving statistics become the mean of what each rank would
+    hold: the moving average is linear, so averaging at each step equals averaging at epoch end.
+    Returns the per-epoch mean loss over all sub-batches (what MetricAverage reports).
+    """
+    import tensorflow as tf
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    moving = model.non_trainable_variables
+    losses = []
+    steps = len(X) // (per_rank * size)
+    for _ in range(epochs):
+        total = 0.0
+        for k in range(steps):
+            start = [v.numpy() for v in moving]
+            grads, after = None, []
+            for r in range(size):
+                rows = slice((k * size + r) * per_rank, (k * size + r + 1) * per_rank)
+                for v, s in zip(moving, start):
+                    v.assign(s)
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y[rows], model(X[rows], training=True))
+                g = tape.gradient(loss, model.trainable_variables)
+                grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+                after.append([v.numpy() for v in moving])
+                total += float(loss)
+            for i, v in enumerate(moving):
+                v.assign(np.mean([a[i] for a in after], axis=0))
+            model.optimizer.apply_gradients(zip([g / size for g in grads], model.trainable_variables))
+        losses.append(total / (steps * size))
+    return losses
+
+
+@pytest.mark.parametrize("batchnorm", [False, True], ids=["mlp", "batchnorm"])
+def test_plain_model_fit_with_distributed_optimizer_and_callbacks_equals_one_process(digits, batchnorm):
+    X, y = digits
+    B, epochs = 64, 2  # the same global batches at 1, 2 and 4 ranks
+    per_rank = B // SIZE
+    X, y = X[: len(X) // B * B], y[: len(X) // B * B]
+    # Global batch k is rows [k*B, (k+1)*B); rank r holds its sub-batches of every global batch.
+    mine = np.concatenate([np.arange(k * B + RANK * per_rank, k * B + (RANK + 1) * per_rank)
+                           for k in range(len(X) // B)])
+    model = mlp(20 + RANK, batchnorm=batchnorm, optimizer=mk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)))
+    callbacks = [mk.BroadcastInitialState(), mk.MetricAverage(), mk.SyncNonTrainable()]
+    history = model.fit(X[mine], y[mine], batch_size=per_rank, epochs=epochs, shuffle=False, callbacks=callbacks,
+                        verbose=0)
+
+    reference = mlp(20, batchnorm=batchnorm)  # rank 0's initial weights, as BroadcastInitialState gives
+    ref_losses = sharded_reference(reference, X, y, per_rank, epochs, SIZE)
+    err = relative_error(weights_of(model), weights_of(reference))
+    assert_everywhere(err < 1e-5, f"weights within 1e-5 of one process ({err:.2e})")
+    assert_same_everywhere(weights_of(model))
+    if batchnorm:
+        stats = np.concatenate([np.ravel(v.numpy()) for v in model.non_trainable_variables])
+        ref_stats = np.concatenate([np.ravel(v.numpy()) for v in reference.non_trainable_variables])
+        assert_everywhere(relative_error(stats, ref_stats) < 1e-5, "BatchNorm moving statistics match one process")
+        assert_same_everywhere(stats)
+    np.testing.assert_allclose(history.history["loss"], ref_losses, rtol=1e-5)
+    assert_same_everywhere(np.array(history.history["loss"]))
+
+
+def test_fit_uses_the_collective_callbacks_it_is_given_and_never_drops_them(digits):
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+    model = mlp(30 + RANK)
+    # epochs=0: only the initial broadcast runs, from the root the user's instance names.
+    mk.fit(model, Xl, yl, batch_size=64, epochs=0, callbacks=[mk.BroadcastInitialState(root=SIZE - 1)], verbose=0)
+    assert_everywhere(np.array_equal(weights_of(model), weights_of(mlp(30 + SIZE - 1))), "started from the last rank")
+    average = mk.MetricAverage()
+    history = mk.fit(model, Xl, yl, batch_size=64, epochs=2, callbacks=[average], verbose=0)
+    assert len(average.rank_logs) == SIZE
+    assert history["rank_loss"][-1] == [r["loss"] for r in average.rank_logs]
+    assert history["loss"][-1] == pytest.approx(np.mean([r["loss"] for r in average.rank_logs]), rel=1e-12)
+
+
+def test_fit_refuses_two_of_a_callback_it_applies(digits):
+    X, y = digits
+    Xl, yl = mpinb.shard(X, y)
+    with raises_everywhere(ValueError, match="callbacks holds 2 SyncNonTrainable instances; fit applies one"):
+        mk.fit(mlp(31), Xl, yl, batch_size=64, callbacks=[mk.SyncNonTrainable(), mk.SyncNonTrainable()], verbose=0)

@@ -5,6 +5,7 @@ process is left afterwards."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -72,20 +73,23 @@ def errors(nb) -> list[str]:
 def test_01_mpi_engines() -> None:
     got = run_notebook(
         "01_mpi_engines.ipynb",
-        {"n_engines": 2, "n_rows": 2_000},
-        ["ranks", "sizes", "global_mean", "client_mean", "gathered_in_order", "same_error_everywhere",
-         "timeout_messages", "ranks_after", "rows_after"],
+        {"n_engines": 2, "n_rows": 2_001},  # odd, so the shards differ: rank 0 owns one row more
+        ["ranks", "sizes", "global_mean", "client_mean", "index_in_order", "owners_in_order", "rows_per_rank",
+         "same_error_everywhere", "timeout_messages", "ranks_after", "rows_after"],
     )
     assert got["ranks"] == [0, 1] and got["sizes"] == [2, 2]
     assert got["global_mean"] == pytest.approx(got["client_mean"], rel=1e-12)
-    assert got["gathered_in_order"] is True
+    # The engines tagged their rows with global index and MPI rank; gathered, they read 0..n-1, and
+    # the ranks own the rows shard_bounds gives them, in rank order.
+    assert got["index_in_order"] is True and got["owners_in_order"] is True
+    assert got["rows_per_rank"] == [1_001, 1_000]
     assert got["same_error_everywhere"] is True
     # Rank 1 skipped an allreduce: rank 0's deadline named it, and without a restart the next
     # cell's allreduce ran on both ranks over the rows made before the timeout.
     waited, skipped = got["timeout_messages"]
     assert skipped is None and re.search(r"\brank 1\b", waited or ""), got["timeout_messages"]
     assert got["ranks_after"] == [2, 2]
-    assert got["rows_after"] == [2_000, 2_000]
+    assert got["rows_after"] == [2_001, 2_001]
     assert figures(got["_notebook"]) == 1 and not errors(got["_notebook"])
 
 
@@ -109,11 +113,21 @@ def test_04_scaling() -> None:
     got = run_notebook(
         "04_scaling.ipynb",
         {"ranks": [1, 2], "n_rows": 40_000, "train_rows": 2_048, "global_batch": 256, "epochs": 2},
-        ["sizes", "kmeans_seconds", "step_seconds", "kmeans_speedup", "comm_fraction", "wait_fraction"],
+        ["results", "sizes", "kmeans_seconds", "step_seconds", "kmeans_speedup", "comm_fraction", "wait_fraction"],
     )
-    assert got["sizes"] == [1, 2]
-    assert all(s > 0 for s in got["kmeans_seconds"] + got["step_seconds"])
-    assert got["kmeans_speedup"][0] == 1.0
+    results = got["results"]
+    # Each world size ran as its own job of that many ranks, one thread each; every rank clustered
+    # its share of the rows, and the global batch was split among the ranks (8 steps per epoch at
+    # every size, where an unsplit batch would give 4 at two ranks).
+    assert got["sizes"] == [r["ranks"] for r in results] == [1, 2]
+    assert [r["threads_per_rank"] for r in results] == [1, 1]
+    assert [r["kmeans"]["rows_per_rank"] for r in results] == [40_000, 20_000]
+    assert [r["keras"]["steps_per_epoch"] for r in results] == [2_048 // 256] * 2
+    times = got["kmeans_seconds"] + got["step_seconds"]
+    assert all(math.isfinite(s) and s > 0 for s in times), times
+    # Speed-up is the one-rank time over each measured time (not its inverse).
+    seconds = got["kmeans_seconds"]
+    assert got["kmeans_speedup"] == pytest.approx([seconds[0] / s for s in seconds], rel=1e-12)
     assert got["comm_fraction"][0] == 0.0 and 0.0 < got["comm_fraction"][1] < 1.0  # one rank has nothing to exchange
     assert got["wait_fraction"][0] == 0.0 and 0.0 <= got["wait_fraction"][1] <= got["comm_fraction"][1]
     assert figures(got["_notebook"]) == 2 and not errors(got["_notebook"])

@@ -43,31 +43,12 @@ def test_shard_bounds_rejects_bad_arguments(kwargs: dict, exc: type, match: str)
         mpinb.shard_bounds(n, **kwargs)
 
 
-def test_import_does_not_start_mpi_and_is_fast() -> None:
-    code = (
-        "import sys, time; c = time.process_time(); import mpinb; dt = time.process_time() - c;"
-        "heavy = [m for m in ('mpi4py.MPI', 'tensorflow', 'keras', 'matplotlib', 'ipyparallel', 'sklearn', 'scipy')"
-        " if m in sys.modules]; print(dt); print(heavy)"
-    )
-    # CPU time, best of five: wall time on a shared 2-core machine measures the neighbours.
-    times = []
-    for _ in range(5):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
-        times.append(float(out[0]))
-        assert out[1] == "[]", f"import mpinb pulled in {out[1]}"
-    assert min(times) < 0.3, f"import mpinb took {min(times):.3f} s of CPU"
-
-
-def test_import_costs_little_beyond_numpy() -> None:
-    """mpinb's own modules (numpy excluded) import in well under 0.1 s: nothing heavy at import."""
-    costs = []
-    for _ in range(3):
-        err = subprocess.run([sys.executable, "-X", "importtime", "-c", "import numpy; import mpinb"],
-                             capture_output=True, text=True, check=True).stderr
-        rows = [line.split("|") for line in err.splitlines() if line.startswith("import time:") and "|" in line]
-        total = next(int(r[1]) for r in rows if r[2].strip() == "mpinb")
-        costs.append(total / 1e6)
-    assert min(costs) < 0.1, f"mpinb's own import took {min(costs):.3f} s"
+def test_import_does_not_start_mpi_or_import_frameworks() -> None:
+    """``import mpinb`` is safe on the client: it neither initialises MPI nor loads a framework."""
+    heavy = ("mpi4py.MPI", "tensorflow", "keras", "matplotlib", "ipyparallel", "sklearn", "scipy")
+    code = f"import sys, mpinb; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", f"import mpinb pulled in {out}"
 
 
 def test_public_api_is_sorted_and_documented() -> None:

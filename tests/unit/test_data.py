@@ -82,8 +82,8 @@ def test_bundled_shard_on_self_is_everything_and_shard_false_needs_no_mpi() -> N
         ({"test_size": 1.5}, ValueError, "test_size must be"),
         ({"test_size": True}, ValueError, "test_size must be"),
         ({"test_size": 0}, ValueError, "test_size must be"),
-        ({"random_state": -1}, ValueError, "random_state must be >= 0; got -1"),
-        ({"random_state": 1.5}, TypeError, "random_state must be an integer"),
+        ({"random_state": -1}, ValueError, "random_state must be a non-negative integer; got -1"),
+        ({"random_state": 1.5}, TypeError, "random_state must be a non-negative integer; got 1.5"),
         ({"random_state": 1 << 32}, ValueError, r"random_state must be < 2\*\*32"),
     ],
 )
@@ -179,16 +179,16 @@ def test_make_classification_model() -> None:
 @pytest.mark.parametrize(
     ("call", "exc", "match"),
     [
-        (lambda: data.make_blobs(-1, comm=SELF), ValueError, "n_samples must be >= 0; got -1"),
-        (lambda: data.make_blobs(10.0, comm=SELF), TypeError, "n_samples must be an integer; got float"),
-        (lambda: data.make_blobs(10, centers=0, comm=SELF), ValueError, "centers must be >= 1"),
+        (lambda: data.make_blobs(-1, comm=SELF), ValueError, "n_samples must be a non-negative integer; got -1"),
+        (lambda: data.make_blobs(10.0, comm=SELF), TypeError, "n_samples must be a non-negative integer; got 10.0"),
+        (lambda: data.make_blobs(10, centers=0, comm=SELF), ValueError, "centers must be a positive integer; got 0"),
         (lambda: data.make_blobs(10, centers=[1.0, 2.0], comm=SELF), ValueError, r"shape \(n_clusters, n_features\)"),
         (lambda: data.make_blobs(10, cluster_std=[1.0, 2.0], comm=SELF), ValueError, r"one per cluster \(shape \(3,\)\)"),
         (lambda: data.make_blobs(10, cluster_std=-1.0, comm=SELF), ValueError, "cluster_std must be a non-negative"),
         (lambda: data.make_blobs(10, center_box=(1, -1), comm=SELF), ValueError, "low <= high"),
         (lambda: data.make_blobs(10, dtype=np.int32, comm=SELF), TypeError, "floating-point dtype"),
         (lambda: data.make_classification(10, 5, n_informative=6, comm=SELF), ValueError, r"n_informative must be <= n_features \(5\)"),
-        (lambda: data.make_classification(10, n_classes=1, comm=SELF), ValueError, "n_classes must be >= 2"),
+        (lambda: data.make_classification(10, n_classes=1, comm=SELF), ValueError, "n_classes must be an integer >= 2; got 1"),
         (lambda: data.make_classification(10, n_classes=5, n_informative=2, comm=SELF), ValueError, r"2\*\*n_informative \(4\)"),
         (lambda: data.make_classification(10, flip_y=2, comm=SELF), ValueError, "flip_y must be between 0 and 1"),
         (lambda: data.make_classification(10, class_sep=float("nan"), comm=SELF), ValueError, "class_sep must be"),
@@ -252,5 +252,5 @@ def test_load_npy_errors(tmp_path: Path, make, kwargs: dict, exc: type, match: s
 def test_load_npy_argument_errors(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="load_npy needs a path"):
         data.load_npy(np.zeros(3), comm=SELF)
-    with pytest.raises(ValueError, match="ndim must be >= 1; got 0"):
+    with pytest.raises(ValueError, match="ndim must be a positive integer; got 0"):
         data.load_npy(tmp_path / "x.npy", ndim=0, comm=SELF)

@@ -29,6 +29,11 @@ def data(n=256, seed=0):
     return X, y
 
 
+@keras.saving.register_keras_serializable("mpinb_tests")
+class RegisteredSGD(keras.optimizers.SGD):
+    """A user's own optimizer, saved under its registered name "mpinb_tests>RegisteredSGD"."""
+
+
 def mlp(optimizer=None, seed=0, **compile_kwargs):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential(
@@ -65,6 +70,40 @@ def test_wrapper_keeps_class_name_module_and_config(make):
     assert mk.is_distributed(wrapped) and not mk.is_distributed(plain)
     assert keras.saving.serialize_keras_object(wrapped) == keras.saving.serialize_keras_object(plain)
     assert type(mk.DistributedOptimizer(make(), comm=SELF)) is type(wrapped)  # one subclass per class
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(wrapped))
+    assert type(restored) is type(plain) and restored.get_config() == plain.get_config()
+
+
+@pytest.mark.parametrize("cls", [keras.optimizers.SGD, RegisteredSGD], ids=["exported", "registered"])
+def test_saved_wrapper_reloads_as_the_plain_class_in_the_same_process(tmp_path, cls):
+    X, y = data()
+    plain = cls(0.1, momentum=0.9)
+    wrapped = mk.DistributedOptimizer(plain, comm=SELF)
+    name = keras.saving.get_registered_name(cls)
+    assert keras.saving.get_registered_name(type(wrapped)) == name
+    assert keras.saving.get_registered_object(name) in (None, cls)  # the name still loads the plain class
+    assert keras.optimizers.serialize(wrapped) == keras.optimizers.serialize(plain)
+    model = mlp(wrapped)
+    model.fit(X, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert type(loaded.optimizer) is cls and not mk.is_distributed(loaded.optimizer)
+    assert int(loaded.optimizer.iterations.numpy()) == 256 // 32
+    for a, b in zip(loaded.optimizer.variables, model.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_without_keras_private_export_registry_a_saved_wrapper_still_reloads_plain(monkeypatch):
+    from mpinb.keras import optimizer
+
+    # A Keras whose private export registry moved: the wrapper is written under its module path.
+    monkeypatch.setattr(optimizer, "_CLASSES", {})
+    monkeypatch.setattr(optimizer, "_alias_exported_name", lambda base, cls: None)
+    wrapped = mk.DistributedOptimizer(keras.optimizers.Adam(1e-3), comm=SELF)
+    config = keras.optimizers.serialize(wrapped)
+    assert config["module"] == keras.optimizers.Adam.__module__ and config["class_name"] == "Adam"
+    restored = keras.optimizers.deserialize(config)
+    assert type(restored) is keras.optimizers.Adam and restored.get_config() == wrapped.get_config()
 
 
 def test_wrapper_rejects_bad_input():
@@ -79,15 +118,32 @@ def test_wrapper_rejects_bad_input():
         mk.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(wrapped))
 
 
-def test_wrapping_a_built_optimizer_keeps_its_state():
+def test_wrapping_a_built_optimizer_keeps_its_state_and_trains_on():
     X, y = data()
-    model = mlp(keras.optimizers.Adam(0.01))
-    model.fit(X, y, epochs=1, batch_size=32, verbose=0)
-    plain = model.optimizer
-    wrapped = mk.DistributedOptimizer(plain, comm=SELF)
+    a, b = mlp(keras.optimizers.Adam(0.01)), mlp(keras.optimizers.Adam(0.01))
+    for model in (a, b):
+        model.fit(X, y, epochs=1, batch_size=32, shuffle=False, verbose=0)
+    wrapped = mk.DistributedOptimizer(b.optimizer, comm=SELF)
     assert wrapped.built
-    for a, b in zip(wrapped.variables, plain.variables):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for mine, theirs in zip(wrapped.variables, b.optimizer.variables):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    # Built for the model's own variables, so training goes on from the copied moments exactly.
+    a.compile(optimizer=a.optimizer, loss=LOSS, metrics=["accuracy"])
+    b.compile(optimizer=wrapped, loss=LOSS, metrics=["accuracy"])
+    for model in (a, b):
+        model.fit(X, y, epochs=1, batch_size=32, shuffle=False, verbose=0)
+    assert int(wrapped.iterations.numpy()) == 2 * (256 // 32)
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(wa, wb)
+
+
+def test_wrapping_a_built_optimizer_without_keras_private_variable_list_says_wrap_first(monkeypatch):
+    X, y = data()
+    model = mlp(keras.optimizers.SGD(0.1))
+    model.fit(X, y, epochs=1, batch_size=64, verbose=0)
+    monkeypatch.delattr(model.optimizer, "_trainable_variables")  # a Keras that keeps it elsewhere
+    with pytest.raises(RuntimeError, match="wrap the optimizer before training"):
+        mk.DistributedOptimizer(model.optimizer, comm=SELF)
 
 
 def test_one_rank_distributed_training_equals_plain_keras():
@@ -184,7 +240,7 @@ def test_learning_rate_warmup_ramps_linearly():
     ("kwargs", "error", "match"),
     [
         ({"batch_size": 0}, ValueError, "batch_size must be a positive integer"),
-        ({"batch_size": 2.5}, ValueError, "batch_size must be a positive integer"),
+        ({"batch_size": 2.5}, TypeError, "batch_size must be a positive integer"),
         ({"batch_size": 32, "strategy": "both"}, ValueError, "strategy must be 'gradients' or 'weights'"),
         ({"batch_size": 32, "average_every": 0}, ValueError, "average_every must be a positive integer"),
         ({"batch_size": 32, "resume": True}, ValueError, "resume=True needs checkpoint"),

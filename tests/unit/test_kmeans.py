@@ -118,7 +118,7 @@ def test_refit_is_deterministic_with_fixed_seed():
 
 BAD_PARAMS = [
     ({"n_clusters": 0}, ValueError, r"^n_clusters must be a positive integer; got 0\. \[on the only rank\]$"),
-    ({"n_clusters": 2.5}, ValueError, r"n_clusters must be a positive integer; got 2\.5"),
+    ({"n_clusters": 2.5}, TypeError, r"n_clusters must be a positive integer; got 2\.5"),
     ({"init": "kmeans++"}, ValueError, r"init must be 'k-means\+\+', 'k-means\|\|', 'random' or an array .* got 'kmeans\+\+'"),
     ({"init": np.zeros((2, 4))}, ValueError, r"init has shape \(2, 4\), but it must be \(n_clusters, n_features\) = \(3, 4\)"),
     ({"init": np.full((3, 4), np.nan)}, ValueError, r"init contains NaN or infinity"),

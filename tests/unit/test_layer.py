@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import mpinb
 
@@ -64,3 +65,28 @@ def test_client_modules_never_load_mpi() -> None:
     code = f"import importlib, sys; [importlib.import_module(n) for n in {names!r}]; print('mpi4py.MPI' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_layout_packs_one_buffer_per_dtype_in_first_appearance_order() -> None:
+    from mpinb._layout import Layout
+
+    arrays = [np.arange(3, dtype=np.float32), np.array(7, dtype=np.int64), np.ones((2, 2), np.float32) * 5,
+              np.zeros(0, np.float64)]
+    plan = Layout([a.shape for a in arrays], [a.dtype for a in arrays])
+    assert plan.dtypes == (np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.float64))
+    assert plan.lengths == (7, 1, 0) and plan.members(0) == [0, 2]
+    packed = plan.pack(arrays)
+    assert packed[0].tolist() == [0, 1, 2, 5, 5, 5, 5]
+    back = plan.views(packed)
+    assert all(np.array_equal(a, b) and a.shape == b.shape for a, b in zip(arrays, back))
+    assert back[1].ndim == 0 and np.shares_memory(back[2], packed[0])
+
+
+def test_aligned_layout_starts_every_array_on_the_boundary_and_keeps_room_for_votes() -> None:
+    from mpinb._layout import Layout
+
+    plan = Layout([(3,), (5,), (2,)], [np.float32, np.float64, np.float32], align=64, extra=3)
+    assert plan.slots == ((0, 0, 3), (1, 0, 5), (0, 16, 18))
+    assert plan.lengths == (21, 5)
+    with pytest.raises(ValueError, match="tight"):
+        plan.pack([np.zeros(3, np.float32), np.zeros(5), np.zeros(2, np.float32)])

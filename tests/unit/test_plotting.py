@@ -13,10 +13,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgba
 
 from mpinb.client import plotting
 from mpinb.client.plotting import (
-    _history_dict,
     plot_clusters,
     plot_inertia,
     plot_loss,
@@ -53,7 +53,23 @@ def _blobs(n_per: list[int], d: int, seed: int = 0) -> tuple[np.ndarray, np.ndar
 # plot_loss
 
 
-def test_plot_loss_draws_history_values_and_one_thin_line_per_rank() -> None:
+def _fit_history(epochs: int, ranks: int) -> dict:
+    """A history laid out as mpinb.keras.fit returns it (a resumed run: epochs 2, 3, ...)."""
+    rng = np.random.default_rng(3)
+    return {
+        "epoch": list(range(2, 2 + epochs)),
+        "steps": [10] * epochs,
+        "loss": LOSS[:epochs],
+        "val_loss": VAL[:epochs],
+        "rank_loss": [[v + 0.1 * r for r in range(ranks)] for v in LOSS[:epochs]],
+        "compute_seconds": rng.uniform(1, 2, (epochs, ranks)).round(3).tolist(),
+        "comm_seconds": rng.uniform(0.1, 0.5, (epochs, ranks)).round(3).tolist(),
+        "wait_seconds": rng.uniform(0.0, 0.1, (epochs, ranks)).round(3).tolist(),
+        "params": {"batch_size": 64, "ranks": ranks},
+    }
+
+
+def test_plot_loss_draws_history_values_and_one_line_per_rank() -> None:
     ax = plot_loss({"loss": LOSS, "val_loss": VAL, "rank_loss": RANK_LOSS})
     lines = _lines(ax)
     assert sorted(lines) == ["rank 0", "rank 1", "rank 2", "rank 3", "train", "validation"]
@@ -64,38 +80,55 @@ def test_plot_loss_draws_history_values_and_one_thin_line_per_rank() -> None:
         rank = lines[f"rank {r}"]
         np.testing.assert_array_equal(rank.get_xdata(), [1, 2, 3])
         np.testing.assert_allclose(rank.get_ydata(), [v + 0.1 * r for v in LOSS])
-        assert rank.get_linewidth() < lines["train"].get_linewidth()
-        assert rank.get_alpha() is not None and rank.get_alpha() < 1
     assert ax.get_xlabel() == "epoch" and ax.get_ylabel() == "loss"
-    assert {t.get_text() for t in ax.get_legend().get_texts()} >= {"train", "validation", "rank 0"}
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["train", "validation", "rank 0", "rank 1", "rank 2", "rank 3"]
 
 
-def test_plot_loss_reads_a_keras_history_object_with_per_rank_histories() -> None:
-    ranks = [{"loss": [v + r for v in LOSS], "accuracy": [0.5, 0.6, 0.7]} for r in range(2)]
-    history = SimpleNamespace(history={"loss": LOSS, "accuracy": [0.5, 0.6, 0.7]}, rank_history=ranks)
+def test_plot_loss_rank_lines_are_visible_distinct_and_under_the_global_lines() -> None:
+    lines = _lines(plot_loss(_fit_history(3, 4)))
+    ranks = [lines[f"rank {r}"] for r in range(4)]
+    train, val = lines["train"], lines["validation"]
+    rgb = [to_rgba(line.get_color())[:3] for line in ranks]
+    assert len(np.unique(np.round(rgb, 6), axis=0)) == 4, "each rank needs its own colour"
+    assert to_rgba(train.get_color()) == to_rgba(val.get_color()) == (0.0, 0.0, 0.0, 1.0)
+    assert all(c != (0.0, 0.0, 0.0) for c in rgb), "a rank must not share the global curves' black"
+    for line in ranks:
+        assert line.get_alpha() >= 0.6
+        assert 1.0 <= line.get_linewidth() < train.get_linewidth()
+        assert line.get_zorder() < min(train.get_zorder(), val.get_zorder())
+    assert train.get_alpha() in (None, 1.0) and val.get_linestyle() == "--"
+
+
+def test_plot_loss_many_ranks_get_distinct_colours_and_one_legend_entry() -> None:
+    h = {"loss": LOSS, "rank_loss": [[v + 0.01 * r for r in range(16)] for v in LOSS]}
+    ax = plot_loss(h)
+    ranks = [line for line in ax.get_lines() if line.get_label().startswith("rank ")]
+    assert len(ranks) == 16
+    rgb = [to_rgba(line.get_color())[:3] for line in ranks]
+    assert len(np.unique(np.round(rgb, 6), axis=0)) == 16
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["train", "ranks 0-15 (one colour each)"]
+
+
+def test_plot_loss_reads_the_fit_history_layout() -> None:
+    h = _fit_history(3, 2)
+    lines = _lines(plot_loss(h))
+    assert sorted(lines) == ["rank 0", "rank 1", "train", "validation"]
+    np.testing.assert_array_equal(lines["train"].get_xdata(), [3, 4, 5])  # history["epoch"] + 1
+    np.testing.assert_array_equal(lines["rank 1"].get_xdata(), [3, 4, 5])
+    np.testing.assert_allclose(lines["rank 1"].get_ydata(), np.add(LOSS, 0.1))
+
+
+def test_plot_loss_reads_a_keras_history_object() -> None:
+    # keras.callbacks.History keeps the logs in .history (no per-rank values); fit's own
+    # exceptions carry the history up to the stop the same way.
+    history = SimpleNamespace(history={"loss": LOSS, "accuracy": [0.5, 0.6, 0.7]}, epoch=[0, 1, 2])
     lines = _lines(plot_loss(history))
-    assert sorted(lines) == ["rank 0", "rank 1", "train"]
-    np.testing.assert_array_equal(lines["rank 1"].get_ydata(), [v + 1 for v in LOSS])
-    acc = _lines(plot_loss(history, metric="accuracy"))
-    np.testing.assert_array_equal(acc["train"].get_ydata(), [0.5, 0.6, 0.7])
-    assert sorted(acc) == ["rank 0", "rank 1", "train"]
-
-
-def test_plot_loss_per_rank_attribute_as_array_and_ranks_by_epochs_table_is_transposed() -> None:
-    table = np.asarray(RANK_LOSS)  # epochs x ranks
-    by_attr = _lines(plot_loss(SimpleNamespace(history={"loss": LOSS}, per_rank=table)))
-    by_ranks = _lines(plot_loss({"loss": LOSS, "rank_loss": table.T}))  # 4 x 3: unambiguous
-    for lines in (by_attr, by_ranks):
-        assert len([k for k in lines if k.startswith("rank ")]) == 4
-        np.testing.assert_allclose(lines["rank 2"].get_ydata(), table[:, 2])
-
-
-def test_plot_loss_accepts_a_list_of_per_epoch_dicts_and_aliases() -> None:
-    epochs = [{"loss": a, "val_loss": b} for a, b in zip(LOSS, VAL)]
-    lines = _lines(plot_loss(epochs))
-    np.testing.assert_array_equal(lines["validation"].get_ydata(), VAL)
-    aliased = _lines(plot_loss({"loss": LOSS, "loss_per_rank": RANK_LOSS}))
-    assert "rank 3" in aliased
+    assert sorted(lines) == ["train"]
+    np.testing.assert_array_equal(lines["train"].get_ydata(), LOSS)
+    ax = plot_loss(history, metric="accuracy")
+    np.testing.assert_array_equal(_lines(ax)["train"].get_ydata(), [0.5, 0.6, 0.7])
+    assert ax.get_ylabel() == "accuracy"
 
 
 def test_plot_loss_per_rank_false_and_given_axes() -> None:
@@ -106,6 +139,11 @@ def test_plot_loss_per_rank_false_and_given_axes() -> None:
     assert sorted(_lines(ax)) == ["already there", "train"]
 
 
+def test_plot_loss_tolerates_fit_history_without_rank_loss() -> None:
+    h = _fit_history(3, 2) | {"rank_loss": []}
+    assert sorted(_lines(plot_loss(h))) == ["train", "validation"]
+
+
 @pytest.mark.parametrize(
     ("history", "kwargs", "exc", "match"),
     [
@@ -113,10 +151,18 @@ def test_plot_loss_per_rank_false_and_given_axes() -> None:
             {"loss": LOSS},
             {"metric": "accuracy"},
             ValueError,
-            r"no 'accuracy', 'val_accuracy' or 'rank_accuracy'.*\['loss'\]",
+            r"no 'accuracy' or 'val_accuracy' values; its keys are \['loss'\]",
         ),
-        ([1.0, 2.0], {}, TypeError, "history must be a dict like History.history"),
+        ({"rank_loss": RANK_LOSS}, {}, ValueError, r"no 'loss' or 'val_loss' values"),
+        (
+            [1.0, 2.0],
+            {},
+            TypeError,
+            r"what mpinb\.keras\.fit returns .* or a keras\.callbacks\.History .*; got list",
+        ),
         ("loss", {}, TypeError, "got str"),
+        ([{"loss": 0.9}, {"loss": 0.7}], {}, TypeError, "got list"),  # per-epoch dicts: not a fit layout
+        (SimpleNamespace(history=[0.9, 0.7]), {}, TypeError, "got SimpleNamespace"),
         (
             {"loss": [[1, 2], [3, 4]]},
             {},
@@ -135,6 +181,12 @@ def test_plot_loss_per_rank_false_and_given_axes() -> None:
             ValueError,
             r"history\['rank_loss'\] must be an epochs x ranks",
         ),
+        (  # ranks x epochs is not what fit records, and is not guessed at
+            {"loss": LOSS, "rank_loss": np.asarray(RANK_LOSS).T},
+            {},
+            ValueError,
+            r"history\['rank_loss'\] must have one row per epoch \(3\).*got shape \(4, 3\)",
+        ),
         ({"loss": []}, {}, ValueError, r"must be one number per epoch; got an array of shape \(0,\)"),
         ({"loss": LOSS}, {"metric": 3}, TypeError, "metric must be a string"),
     ],
@@ -143,20 +195,6 @@ def test_plot_loss_rejects_malformed_history(history, kwargs, exc, match) -> Non
     with pytest.raises(exc, match=match):
         plot_loss(history, **kwargs)
     assert plt.get_fignums() == []  # checked before drawing: no stray empty figure
-
-
-def test_per_rank_histories_of_different_length_are_rejected() -> None:
-    history = SimpleNamespace(history={"loss": LOSS}, rank_history=[{"loss": LOSS}, {"loss": LOSS[:2]}])
-    with pytest.raises(ValueError, match=r"same number of epochs of 'loss'; got \[3, 2\] \(by rank\)"):
-        plot_loss(history)
-
-
-def test_history_dict_canonical_keys() -> None:
-    h = _history_dict(
-        {"loss": LOSS, "comm_seconds": [1], "compute_seconds": [2], "per_rank": {"loss": RANK_LOSS}}
-    )
-    assert sorted(h) == ["comm_seconds", "compute_seconds", "loss", "rank_loss"]
-    assert h["rank_loss"] == RANK_LOSS
 
 
 # --------------------------------------------------------------------------------------------------
@@ -190,19 +228,38 @@ def test_plot_clusters_one_distinct_colour_per_cluster_and_centres_in_place() ->
 def test_plot_clusters_projects_points_and_centres_with_pca_when_d_exceeds_2() -> None:
     X, labels, centers = _blobs([60, 60, 80, 50], d=6, seed=1)
     ax = plot_clusters(X, labels, centers)
-    # Reference by another route: eigenvectors of the covariance matrix, each signed so that its
-    # largest loading is positive (scikit-learn's convention, which the plot documents).
+    # Reference by another route: eigenvectors of the covariance matrix. A component's sign is
+    # arbitrary, so align it with the plot's, then demand that the centres went the same way.
     mean = X.mean(axis=0)
     evals, evecs = np.linalg.eigh(np.cov(X - mean, rowvar=False))
     top = evecs[:, ::-1][:, :2]
-    top *= np.sign(top[np.argmax(np.abs(top), axis=0), [0, 1]])
-    ref = (X - mean) @ top
     got = np.concatenate([c.get_offsets() for c in ax.collections[:4]])
-    np.testing.assert_allclose(got, np.concatenate([ref[labels == c] for c in range(4)]), atol=1e-8)
-    np.testing.assert_allclose(ax.collections[4].get_offsets(), (centers - mean) @ top, atol=1e-8)
+    ref = np.concatenate([((X - mean) @ top)[labels == c] for c in range(4)])
+    signs = np.sign(np.sum(got * ref, axis=0))
+    np.testing.assert_allclose(got, ref * signs, atol=1e-8)
+    np.testing.assert_allclose(ax.collections[4].get_offsets(), (centers - mean) @ top * signs, atol=1e-8)
     ratio = evals[::-1][:2] / evals.sum()
     assert ax.get_xlabel() == f"PC1 ({100 * ratio[0]:.1f}% var)"
     assert ax.get_ylabel() == f"PC2 ({100 * ratio[1]:.1f}% var)"
+
+
+def test_plot_clusters_centres_sit_at_the_projected_mean_of_their_points() -> None:
+    # Each centre is its cluster's mean, so projected with the points' own fit (PCA is affine) it
+    # lands on the mean of its cluster's projected points; a separate fit would not.
+    X, labels, centers = _blobs([400, 300, 300], d=5, seed=4)
+    ax = plot_clusters(X, labels, centers)
+    for c in range(3):
+        np.testing.assert_allclose(
+            ax.collections[3].get_offsets()[c], ax.collections[c].get_offsets().mean(axis=0), atol=1e-8
+        )
+
+
+def test_plot_clusters_pca_without_spread() -> None:
+    for X in (np.ones((1, 3)), np.ones((4, 3))):
+        ax = plot_clusters(X, np.zeros(len(X), dtype=int), X[:1])
+        np.testing.assert_allclose(ax.collections[0].get_offsets(), np.zeros((len(X), 2)), atol=1e-12)
+        np.testing.assert_allclose(ax.collections[1].get_offsets(), [[0.0, 0.0]], atol=1e-12)
+        assert ax.get_xlabel() == "PC1 (0.0% var)" and ax.get_ylabel() == "PC2 (0.0% var)"
 
 
 def test_plot_clusters_subsamples_deterministically_keeping_every_cluster() -> None:
@@ -283,7 +340,7 @@ def test_plot_clusters_draws_into_given_axes() -> None:
             ValueError,
             r"max_points must be >= the number of clusters \(3\).*got 2",
         ),
-        ((np.zeros((5, 2)), np.zeros(5)), {"max_points": 2.5}, TypeError, "max_points must be an integer"),
+        ((np.zeros((5, 2)), np.zeros(5)), {"max_points": 2.5}, TypeError, "max_points must be an integer; got 2.5"),
         ((np.array([[0.0, np.nan], [1, 1]]), [0, 1]), {}, ValueError, "1 of 2 rows hold NaN or inf"),
         ((np.zeros((0, 2)), []), {}, ValueError, "at least one row"),
     ],
@@ -351,34 +408,16 @@ def _bars(ax, label: str) -> list:
     return list(container)
 
 
-def _fit_history(epochs: int, ranks: int) -> dict:
-    """A history laid out as mpinb.keras.fit returns it (a resumed run: epochs 2, 3, ...)."""
-    rng = np.random.default_rng(3)
-    return {
-        "epoch": list(range(2, 2 + epochs)),
-        "steps": [10] * epochs,
-        "loss": LOSS[:epochs],
-        "rank_loss": [[v + 0.1 * r for r in range(ranks)] for v in LOSS[:epochs]],
-        "compute_seconds": rng.uniform(1, 2, (epochs, ranks)).round(3).tolist(),
-        "comm_seconds": rng.uniform(0.1, 0.5, (epochs, ranks)).round(3).tolist(),
-        "params": {"batch_size": 64, "ranks": ranks},
-    }
-
-
-def test_plot_loss_and_plot_timing_read_the_fit_history_layout() -> None:
+def test_plot_timing_reads_the_fit_history_layout() -> None:
     h = _fit_history(3, 2)
-    lines = _lines(plot_loss(h))
-    np.testing.assert_array_equal(lines["train"].get_xdata(), [3, 4, 5])  # history["epoch"] + 1
-    np.testing.assert_array_equal(lines["rank 1"].get_xdata(), [3, 4, 5])
-    np.testing.assert_allclose(lines["rank 1"].get_ydata(), np.add(LOSS, 0.1))
-
     ax = plot_timing(h)
     compute, comm = np.mean(h["compute_seconds"], axis=1), np.mean(h["comm_seconds"], axis=1)
     low, high = _bars(ax, "compute"), _bars(ax, "communication")
-    assert [b.get_x() + b.get_width() / 2 for b in low] == [3, 4, 5]
+    assert [b.get_x() + b.get_width() / 2 for b in low] == [3, 4, 5]  # history["epoch"] + 1
     np.testing.assert_allclose([b.get_height() for b in low], compute)
     np.testing.assert_allclose([b.get_y() for b in high], compute)
     np.testing.assert_allclose([b.get_y() + b.get_height() for b in high], compute + comm)
+    assert low[0].get_facecolor() != high[0].get_facecolor()
     assert ax.get_ylabel() == "seconds (mean over 2 ranks)"
 
 
@@ -397,60 +436,94 @@ def test_plot_timing_per_rank_draws_one_stacked_bar_per_rank_and_epoch() -> None
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["compute", "communication"]
 
 
-def test_plot_loss_tolerates_fit_history_without_rank_loss() -> None:
-    h = _fit_history(3, 2) | {"rank_loss": []}
-    assert sorted(_lines(plot_loss(h))) == ["train"]
-
-
-def test_plot_timing_stacks_communication_on_compute() -> None:
-    compute, comm = [3.0, 2.5, 2.75], [0.5, 0.75, 0.25]
-    ax = plot_timing({"loss": LOSS, "compute_time": compute, "comm_time": comm})
+def test_plot_timing_one_rank_into_given_axes() -> None:
+    compute, comm = [[3.0], [2.5], [2.75]], [[0.5], [0.75], [0.25]]
+    _, ax = plt.subplots()
+    assert plot_timing({"epoch": [0, 1, 2], "compute_seconds": compute, "comm_seconds": comm}, ax=ax) is ax
     low, high = _bars(ax, "compute"), _bars(ax, "communication")
     assert [b.get_x() + b.get_width() / 2 for b in low] == [1, 2, 3]
-    assert [b.get_height() for b in low] == compute
-    assert [b.get_y() for b in low] == [0, 0, 0]
-    assert [b.get_y() for b in high] == compute
-    np.testing.assert_allclose([b.get_y() + b.get_height() for b in high], np.add(compute, comm))
-    assert low[0].get_facecolor() != high[0].get_facecolor()
+    assert [b.get_height() for b in low] == [3.0, 2.5, 2.75]
+    assert [b.get_y() for b in high] == [3.0, 2.5, 2.75]
+    np.testing.assert_allclose([b.get_height() for b in high], [0.5, 0.75, 0.25])
     assert ax.get_ylabel() == "seconds"
-
-
-def test_plot_timing_from_epoch_time_and_aliases_into_given_axes() -> None:
-    history = SimpleNamespace(history={"epoch_time": [4.0, 3.0], "allreduce_seconds": [1.0, 0.5]})
-    _, ax = plt.subplots()
-    assert plot_timing(history, ax=ax) is ax
-    np.testing.assert_allclose([b.get_height() for b in _bars(ax, "compute")], [3.0, 2.5])
-    np.testing.assert_allclose([b.get_y() + b.get_height() for b in _bars(ax, "communication")], [4.0, 3.0])
+    # per_rank with one rank: the same single bar per epoch
+    one = plot_timing({"compute_seconds": compute, "comm_seconds": comm}, per_rank=True)
+    assert len(_bars(one, "compute")) == 3
 
 
 @pytest.mark.parametrize(
-    ("history", "match"),
+    ("history", "exc", "match"),
     [
         (
             {"loss": LOSS},
-            r"needs per-epoch 'comm_seconds' and 'compute_seconds' \(or 'epoch_seconds'\).*\['loss'\]",
+            ValueError,
+            r"needs 'compute_seconds' and 'comm_seconds' \(epochs x ranks\).*\['loss'\]\. Train with mpinb",
         ),
-        ({"compute_seconds": [1, 2], "comm_seconds": [1]}, r"same shape .*; got \(2, 1\) and \(1, 1\)"),
-        ({"compute_seconds": [[1, 2]], "comm_seconds": [[1, 2, 3]]}, r"got \(1, 2\) and \(1, 3\)"),
+        (SimpleNamespace(history={"loss": LOSS}), ValueError, r"needs 'compute_seconds'"),  # Keras History
+        ({"compute_time": [[1.0]], "comm_time": [[1.0]]}, ValueError, r"needs 'compute_seconds'"),
+        ([{"compute_seconds": 1.0}], TypeError, "got list"),
         (
-            {"compute_time": [1, -2], "comm_time": [1, 1]},
+            {"compute_seconds": [[1], [2]], "comm_seconds": [[1]]},
+            ValueError,
+            r"same shape \(epochs x ranks\); got \(2, 1\) and \(1, 1\)",
+        ),
+        ({"compute_seconds": [[1, 2]], "comm_seconds": [[1, 2, 3]]}, ValueError, r"\(1, 2\) and \(1, 3\)"),
+        (
+            {"compute_seconds": [1, 2], "comm_seconds": [1, 1]},
+            ValueError,
+            r"history\['compute_seconds'\] must be an epochs x ranks table",
+        ),
+        (
+            {"compute_seconds": [[1], [-2]], "comm_seconds": [[1], [1]]},
+            ValueError,
             r"history\['compute_seconds'\] must hold seconds >= 0; got -2",
         ),
-        ({"compute_seconds": [1, float("nan")], "comm_seconds": [1, 1]}, "must hold seconds >= 0; got nan"),
         (
-            {"compute_seconds": [[[1.0]]], "comm_seconds": [1]},
-            r"seconds per epoch \(a list, or epochs x ranks\)",
+            {"compute_seconds": [[1], [float("nan")]], "comm_seconds": [[1], [1]]},
+            ValueError,
+            "must hold seconds >= 0; got nan",
         ),
-        (
-            {"epoch_seconds": [1, 2], "comm_seconds": [0.5, 3]},
-            r"epoch 2 has 3 s of communication in a 2 s epoch",
-        ),
-        ({"epoch_seconds": [[1, 2]], "comm_seconds": [[0.5, 3]]}, r"epoch 1 on rank 1 has 3 s"),
+        ({"compute_seconds": [], "comm_seconds": []}, ValueError, r"epochs x ranks table.*shape \(0,\)"),
     ],
 )
-def test_plot_timing_rejects_bad_history(history, match) -> None:
-    with pytest.raises(ValueError, match=match):
+def test_plot_timing_rejects_bad_history(history, exc, match) -> None:
+    with pytest.raises(exc, match=match):
         plot_timing(history)
+    assert plt.get_fignums() == []
+
+
+# --------------------------------------------------------------------------------------------------
+# The histories themselves
+
+
+def test_plot_loss_and_plot_timing_read_what_fit_and_keras_return() -> None:
+    keras = pytest.importorskip("keras")
+    mk = pytest.importorskip("mpinb.keras")
+    from mpi4py import MPI
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(128, 4)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64)
+
+    def model():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+        m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        return m
+
+    fitted = mk.fit(model(), X, y, batch_size=32, epochs=2, validation_data=(X[:32], y[:32]), verbose=0,
+                    comm=MPI.COMM_SELF)
+    lines = _lines(plot_loss(fitted))
+    assert sorted(lines) == ["rank 0", "train", "validation"]
+    np.testing.assert_allclose(lines["rank 0"].get_ydata(), np.asarray(fitted["rank_loss"])[:, 0])
+    np.testing.assert_allclose(lines["train"].get_ydata(), fitted["loss"])
+    assert len(_bars(plot_timing(fitted), "communication")) == 2
+
+    history = model().fit(X, y, batch_size=32, epochs=2, verbose=0)
+    assert isinstance(history, keras.callbacks.History)
+    lines = _lines(plot_loss(history))
+    assert sorted(lines) == ["train"]
+    np.testing.assert_allclose(lines["train"].get_ydata(), history.history["loss"])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,81 @@
+"""Laying many arrays out in one flat buffer per dtype: the packing plan of every fused collective.
+
+Local. A fused collective (``mpinb.allreduce``, the gradient exchange, a model's broadcast) sends
+one message per dtype instead of one per array. :class:`Layout` decides where each array lives:
+buffers in the order their dtypes first appear, so the same arrays give the same layout on every
+rank, and each array at an offset of the buffer that can be aligned (TensorFlow wraps 64-byte
+aligned views without copying them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["Layout"]
+
+
+class Layout:
+    """Where each of a list of arrays lives in one flat buffer per dtype.
+
+    Parameters
+    ----------
+    shapes, dtypes : sequences of equal length
+        Each array's shape and the dtype of the buffer it goes into.
+    align : int, default 0
+        Start every array on a multiple of this many bytes of its buffer; 0 packs them tightly.
+    extra : int, default 0
+        Elements reserved at the end of the first buffer (votes riding with the data).
+
+    Attributes
+    ----------
+    dtypes, lengths : tuple
+        One entry per buffer: its dtype and its length in elements.
+    slots : tuple of (buffer, start, stop)
+        One entry per array: the buffer it lives in and its element range there.
+    shapes : tuple
+        The arrays' shapes.
+    """
+
+    def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], *, align: int = 0,
+                 extra: int = 0) -> None:
+        buffer_dtypes: list[np.dtype] = []
+        lengths: list[int] = []
+        slots: list[tuple[int, int, int]] = []
+        for shape, dtype in zip(shapes, dtypes, strict=True):
+            dtype = np.dtype(dtype)
+            if dtype not in buffer_dtypes:
+                buffer_dtypes.append(dtype)
+                lengths.append(0)
+            b = buffer_dtypes.index(dtype)
+            step = max(1, align // dtype.itemsize)
+            start = -(-lengths[b] // step) * step
+            stop = start + int(np.prod(shape, dtype=np.int64))
+            slots.append((b, start, stop))
+            lengths[b] = stop
+        if extra:
+            if not lengths:
+                raise ValueError("votes need a buffer to ride in; the layout has no arrays.")
+            lengths[0] += extra
+        self.shapes = tuple(tuple(s) for s in shapes)
+        self.dtypes = tuple(buffer_dtypes)
+        self.lengths = tuple(lengths)
+        self.slots = tuple(slots)
+        self._members = [[i for i, slot in enumerate(slots) if slot[0] == b] for b in range(len(buffer_dtypes))]
+        self._tight = align <= 1 and extra == 0
+
+    def members(self, b: int) -> list[int]:
+        """The indices of the arrays living in buffer ``b``, in order."""
+        return self._members[b]
+
+    def pack(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Fresh, tightly packed buffers holding ``arrays`` (cast to each buffer's dtype)."""
+        if not self._tight:
+            raise ValueError("pack() makes tight buffers; this layout is aligned or carries extra elements.")
+        return [np.concatenate([arrays[i] for i in members], axis=None, dtype=dtype, casting="unsafe")
+                for members, dtype in zip(self._members, self.dtypes)]
+
+    def views(self, buffers: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Each array as a view of ``buffers``, shaped as it was (0-d arrays stay 0-d)."""
+        return [buffers[b][start:stop].reshape(shape) for (b, start, stop), shape in zip(self.slots, self.shapes)]
