@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinb.errors import _resolve
+from mpinb.errors import _check_int, _resolve
 from mpinb.keras._pack import Packer, sum_over_ranks
 
 __all__ = ["DistributedOptimizer", "is_distributed"]
@@ -17,7 +17,7 @@ __all__ = ["DistributedOptimizer", "is_distributed"]
 _CLASSES: dict[type, type] = {}
 
 
-def DistributedOptimizer(optimizer: Any, *, comm: Any = None) -> Any:  # noqa: N802 - reads as a class
+def DistributedOptimizer(optimizer: Any, *, accumulate_steps: int = 1, comm: Any = None) -> Any:  # noqa: N802
     """Wrap a Keras 3 optimizer so that gradients are averaged over all ranks before every update.
 
     Local to build; the returned optimizer is collective in use: every rank must train the same
@@ -38,6 +38,11 @@ def DistributedOptimizer(optimizer: Any, *, comm: Any = None) -> Any:  # noqa: N
     ----------
     optimizer : keras.optimizers.Optimizer
         Any Keras 3 optimizer instance, ``LossScaleOptimizer`` included.
+    accumulate_steps : int, default 1
+        Sum this many local steps' gradients (micro-batches) before one exchange and one update:
+        the same update as one step on an N times larger batch, with N times fewer exchanges. The
+        optimizer counts one iteration per update. Every rank must take a multiple of N steps
+        per epoch (``mpinb.keras.fit(..., accumulate_steps=N)`` checks this).
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
 
@@ -88,6 +93,7 @@ def DistributedOptimizer(optimizer: Any, *, comm: Any = None) -> Any:  # noqa: N
         for mine, theirs in zip(wrapped.variables, optimizer.variables):
             mine.assign(theirs)
     exchange = _Exchange(_resolve(comm))
+    exchange.accumulate = _check_int(accumulate_steps, "accumulate_steps", minimum=1)
     exchange.check_finite = not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     wrapped._mpinb_exchange = exchange
     return wrapped
@@ -108,9 +114,35 @@ class _AllreduceGradients:
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         grads = list(grads)
+        if grads and self._mpinb_exchange.accumulate > 1:
+            return self._mpinb_accumulate(grads, trainable_variables)
         if grads:
             grads = self._mpinb_exchange.average(grads)
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
+
+    def _mpinb_accumulate(self, grads: list[Any], trainable_variables: Any) -> Any:
+        """Add this micro-step's gradients to the sums; every N-th, average the sums over the
+        micro-steps and the ranks (one exchange) and update."""
+        import tensorflow as tf
+
+        ex = self._mpinb_exchange
+        variables = list(trainable_variables) if trainable_variables is not None else _built_for(self)
+        sums, count = ex.sums_for(variables)
+        for g, s in zip(grads, sums):
+            if g is not None:
+                s.assign_add(tf.cast(tf.convert_to_tensor(g), s.dtype))
+        count.assign_add(1)
+        n = ex.accumulate
+
+        def update() -> Any:
+            means = [None if g is None else tf.cast(s / n, g.dtype) for g, s in zip(grads, sums)]
+            super(_AllreduceGradients, self).apply(ex.average(means), variables)  # type: ignore[misc]
+            for s in sums:
+                s.assign(tf.zeros_like(s))
+            return tf.constant(True)
+
+        # The same micro-step on every rank (equal steps per epoch), so every rank exchanges together.
+        return tf.cond(count % n == 0, update, lambda: tf.constant(False))
 
 
 class _Exchange:
@@ -139,7 +171,25 @@ class _Exchange:
         self.wait_seconds = 0.0  # of which waiting for the slowest rank to arrive
         self.calls = 0
         self.error: BaseException | None = None  # what interrupted the last exchange, for fit to raise
+        self.accumulate = 1  # local steps summed before one exchange
         self._packers: dict[tuple, Packer] = {}
+        self._sums: dict[tuple, tuple[list[Any], Any]] = {}
+
+    def sums_for(self, variables: list[Any]) -> tuple[list[Any], Any]:
+        """Gradient sums for ``variables`` and the micro-step counter, made on first use.
+
+        Plain TensorFlow variables, not optimizer state: between updates they hold a partial sum
+        that no checkpoint or broadcast should carry (``fit`` ends every epoch on an update)."""
+        import tensorflow as tf
+
+        key = tuple(id(v) for v in variables)
+        if key not in self._sums:
+            def wide(v: Any) -> Any:
+                dtype = tf.float32 if v.dtype in (tf.float16, tf.bfloat16, "float16", "bfloat16") else v.dtype
+                return tf.Variable(tf.zeros(v.shape, dtype=dtype), trainable=False)
+
+            self._sums[key] = ([wide(v) for v in variables], tf.Variable(0, dtype=tf.int64, trainable=False))
+        return self._sums[key]
 
     def average(self, grads: list[Any]) -> list[Any]:
         import tensorflow as tf

@@ -17,6 +17,7 @@ import numpy as np
 from mpinb import _collective
 from mpinb.comm import allreduce, gather_rows, limit_threads, on_root, threads_chosen
 from mpinb.errors import _check_int, _resolve, check_all, check_same, raise_together
+from mpinb.keras._inputs import Stream, as_stream
 from mpinb.keras._sync import ArrayAverager, epoch_batches, steps_per_epoch, sum_arrays
 from mpinb.keras.callbacks import (
     BroadcastInitialState,
@@ -36,10 +37,12 @@ _STRATEGIES = ("gradients", "weights")
 def fit(
     model: Any,
     x: Any,
-    y: Any,
+    y: Any = None,
     *,
-    batch_size: int,
+    batch_size: int | None = None,
     epochs: int = 1,
+    steps_per_epoch: int | None = None,
+    accumulate_steps: int | None = None,
     validation_data: tuple[Any, Any] | None = None,
     strategy: str = "gradients",
     average_every: int = 1,
@@ -76,11 +79,23 @@ def fit(
         paid once per N steps, while the gradients are still averaged every step. Epochs and weight
         averages end on execution boundaries (N is lowered for this fit, with a warning, when it
         does not divide them), and a stop takes effect at the end of an execution.
-    x, y : array_like
-        This rank's training rows (arrays, or a list/dict of arrays for multi-input models).
+    x, y : array_like, or a data pipeline and None
+        This rank's training rows (arrays, or a list/dict of arrays for multi-input models); or,
+        with ``y=None``, a pipeline yielding this rank's batches ``(x, y)`` or ``(x, y,
+        sample_weight)``: a ``tf.data.Dataset`` (see :func:`mpinb.data.shard_files` and
+        :func:`mpinb.data.shard_dataset`), a ``keras.utils.PyDataset`` (read in index order,
+        ``on_epoch_end`` called after each epoch, no worker processes) or a Python generator.
+        Every rank runs the same number of steps per epoch: ``steps_per_epoch``, or the fewest
+        batches one pass of any rank's pipeline yields; a finite pipeline starts a new pass each
+        epoch, an infinite ``tf.data`` one continues. Each rank's gradient counts equally, so give
+        every rank batches of one size (``drop_remainder=True``) for the mean over the global batch.
     batch_size : int
         Global batch size: rows per step summed over ranks; a multiple of the number of ranks.
+        Required with arrays; omitted with a pipeline (its batches are the per-rank batches).
     epochs : int, default 1
+    steps_per_epoch : int, optional
+        Steps per epoch on every rank. Required for a generator and for an infinite or
+        unknown-length pipeline; with arrays, at most the full per-rank batches every rank holds.
     validation_data : (x_val, y_val), optional
         This rank's validation shard (may be empty on some ranks); scored exactly each epoch as
         ``val_*`` logs.
@@ -91,11 +106,22 @@ def fit(
     average_every : int, default 1
         Steps between weight averages for ``strategy="weights"``.
     shuffle : bool, default True
-        Reshuffle each rank's shard every epoch from a seed shared by all ranks.
+        Reshuffle each rank's shard every epoch from a seed shared by all ranks (arrays only: a
+        pipeline shuffles itself).
     seed : int, optional
         The shared shuffling seed; drawn on rank 0 and broadcast when omitted.
+    accumulate_steps : int, optional
+        Gradient accumulation (strategy ``"gradients"``): each rank sums this many steps' gradients
+        before one exchange and one update, which equals one step on the N times larger batch
+        with N times fewer exchanges (for memory-bound batches, or slow networks). It must divide
+        the steps per epoch. By default what the ``DistributedOptimizer`` was made with (1).
     callbacks : list of keras.callbacks.Callback, optional
-        They receive global epoch logs (this is also the hook for live progress plots).
+        They receive global epoch logs (this is also the hook for live progress plots). fit is
+        plain ``model.fit`` driven by mpinb's collective callbacks (:class:`BroadcastInitialState`,
+        :class:`SyncNonTrainable`, :class:`MetricAverage`, :class:`StopOnInterrupt`); an instance
+        of one of them given here is used in its place (say, ``BroadcastInitialState(root=3)``,
+        or a ``MetricAverage`` whose ``rank_logs`` you want to read), and two of one kind are an
+        error.
     checkpoint : str or os.PathLike, optional
         A ``.keras`` path rank 0 saves to after every epoch (:class:`RootCheckpoint`).
     resume : bool, default False
@@ -143,7 +169,8 @@ def fit(
     # broadcast or the first trace reaches every rank through the first step's vote, instead of
     # raising on one rank while the others wait in a collective.
     settings = _FitSettings(batch_size, epochs, strategy, average_every, bool(shuffle), seed,
-                            None if checkpoint is None else os.fspath(checkpoint), bool(resume), verbose)
+                            None if checkpoint is None else os.fspath(checkpoint), bool(resume), verbose,
+                            steps_per_epoch, accumulate_steps)
     with stopper.flag:
         return _fit(model, x, y, validation_data, settings, user_callbacks, stopper, comm)
 
@@ -161,9 +188,39 @@ class _FitSettings:
     checkpoint: str | None
     resume: bool
     verbose: Any
+    steps_per_epoch: int | None
+    accumulate_steps: int | None
 
-    def check(self, size: int, callbacks: list[Any]) -> None:
+    def check(self, size: int, callbacks: list[Any], stream: Stream | None) -> None:
         """Local checks, with the messages users see on every rank."""
+        if self.steps_per_epoch is not None:
+            _check_int(self.steps_per_epoch, "steps_per_epoch", minimum=1)
+        if stream is not None:
+            if self.batch_size is not None:
+                raise ValueError(
+                    f"batch_size must be omitted when x is a {stream.kind}: each rank's batches come from its "
+                    "data (the global batch is their sum)."
+                )
+        else:
+            self._check_batch_size(size)
+        _check_int(self.epochs, "epochs", minimum=0)
+        if self.strategy not in _STRATEGIES:
+            raise ValueError(f"strategy must be 'gradients' or 'weights'; got {self.strategy!r}.")
+        _check_int(self.average_every, "average_every", minimum=1, unit="number of steps")
+        if self.accumulate_steps is not None:
+            _check_int(self.accumulate_steps, "accumulate_steps", minimum=1)
+            if self.accumulate_steps > 1 and self.strategy == "weights":
+                raise ValueError("accumulate_steps sums gradients before they are averaged: use it with "
+                                 "strategy='gradients' (the weight strategy averages weights, not gradients).")
+        for cb in callbacks:
+            if not isinstance(cb, keras.callbacks.Callback):
+                raise TypeError(f"callbacks must be keras.callbacks.Callback instances; got {cb!r}.")
+        if self.resume and self.checkpoint is None:
+            raise ValueError("resume=True needs checkpoint='path.keras' to resume from.")
+
+    def _check_batch_size(self, size: int) -> None:
+        if self.batch_size is None:
+            raise ValueError("batch_size is required with in-memory arrays: the global batch over all ranks.")
         _check_int(self.batch_size, "batch_size", minimum=1, unit="(the global batch over all ranks)")
         if self.batch_size % size:
             lower = max(size, self.batch_size // size * size)
@@ -171,20 +228,11 @@ class _FitSettings:
                 f"batch_size is the global batch and must be a multiple of the number of ranks ({size}); "
                 f"got {self.batch_size}. Use {lower} or {lower + size}."
             )
-        _check_int(self.epochs, "epochs", minimum=0)
-        if self.strategy not in _STRATEGIES:
-            raise ValueError(f"strategy must be 'gradients' or 'weights'; got {self.strategy!r}.")
-        _check_int(self.average_every, "average_every", minimum=1, unit="number of steps")
-        for cb in callbacks:
-            if not isinstance(cb, keras.callbacks.Callback):
-                raise TypeError(f"callbacks must be keras.callbacks.Callback instances; got {cb!r}.")
-        if self.resume and self.checkpoint is None:
-            raise ValueError("resume=True needs checkpoint='path.keras' to resume from.")
 
     def agreed(self) -> tuple:
         """What :func:`check_same` compares across ranks (verbosity is rank 0's business)."""
         return (self.batch_size, self.epochs, self.strategy, self.average_every, self.shuffle, self.seed,
-                self.checkpoint, self.resume)
+                self.checkpoint, self.resume, self.steps_per_epoch, self.accumulate_steps)
 
 
 def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: _FitSettings, user_callbacks: list[Any],
@@ -193,31 +241,42 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: _FitSetting
     s = settings
     batch_size, epochs, strategy, average_every = s.batch_size, s.epochs, s.strategy, s.average_every
     shuffle, seed, checkpoint, resume = s.shuffle, s.seed, s.checkpoint, s.resume
+    stream = as_stream(x)
     with raise_together(comm=comm):
-        settings.check(size, user_callbacks)
-        n_local = _check_xy(x, y, "x", "y")
+        settings.check(size, user_callbacks, stream)
+        if stream is None:
+            n_local = _check_xy(x, y, "x", "y")
+            _check_finite_inputs(x, y)
+        elif y is not None:
+            raise ValueError(f"y must be None when x is a {stream.kind}: it yields (x, y) batches.")
         if validation_data is not None:
             if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
                 raise TypeError("validation_data must be a pair (x_val, y_val) of this rank's validation rows.")
             _check_xy(*validation_data, "validation_data[0]", "validation_data[1]")
         _check_model(model, strategy)
-        _check_finite_inputs(x, y)
     check_same(
-        (*settings.agreed(), validation_data is None),
-        "fit()'s arguments (batch_size, epochs, strategy, average_every, shuffle, seed, checkpoint, resume, validation)",
+        (*settings.agreed(), validation_data is None, None if stream is None else stream.kind),
+        "fit()'s arguments (batch_size, epochs, strategy, average_every, shuffle, seed, checkpoint, resume, "
+        "steps_per_epoch, accumulate_steps, validation, kind of x)",
         comm=comm,
     )
-    per_rank = batch_size // size
-    counts = _collective.allgather(n_local, comm=comm, name="fit's row counts")
-    check_all(
-        n_local >= per_rank,
-        f"this rank holds {n_local} training rows, fewer than one per-rank batch of {per_rank} "
-        f"(batch_size={batch_size} over {size} ranks); give every rank at least {per_rank} rows or lower batch_size",
-        comm=comm,
-    )
-    steps = steps_per_epoch(counts, per_rank)
-    if not model.built:
-        model(_take(x, np.arange(min(1, n_local))))
+    if stream is None:
+        per_rank = batch_size // size
+        counts = _collective.allgather(n_local, comm=comm, name="fit's row counts")
+        check_all(
+            n_local >= per_rank,
+            f"this rank holds {n_local} training rows, fewer than one per-rank batch of {per_rank} "
+            f"(batch_size={batch_size} over {size} ranks); give every rank at least {per_rank} rows or lower batch_size",
+            comm=comm,
+        )
+        steps = _agreed_steps(steps_per_epoch(counts, per_rank), s.steps_per_epoch, "full per-rank batches", comm)
+        if not model.built:
+            model(_take(x, np.arange(min(1, n_local))))
+    else:
+        per_rank, counts = None, None
+        steps = _stream_steps(stream, s.steps_per_epoch, comm)
+        if not model.built:
+            model(stream.first_inputs())
     if seed is None:
         seed = on_root(lambda: secrets.randbits(62), comm=comm)
 
@@ -243,6 +302,15 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: _FitSetting
             model.jit_compile = False
             model.train_function = None
 
+    exchange = model.optimizer._mpinb_exchange if is_distributed(model.optimizer) else None
+    # Micro-steps summed before one exchange: fit's argument, else what the optimizer was made with.
+    accumulate = 1 if exchange is None else int(s.accumulate_steps or exchange.accumulate)
+    if steps % accumulate:
+        raise ValueError(
+            f"accumulate_steps={accumulate} must divide the {steps} steps per epoch, so that every epoch ends "
+            "on an update; change batch_size, steps_per_epoch or accumulate_steps."
+        )
+
     initial_epoch = 0
     if checkpoint is not None and resume:
         initial_epoch = _resume(model, os.fspath(checkpoint), comm)
@@ -253,7 +321,7 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: _FitSetting
 
     loop = _FitLoop(
         comm=comm, strategy=strategy, average_every=average_every, steps=steps, per_rank=per_rank,
-        validation_data=validation_data, eval_batch=max(per_rank, 32), epochs=epochs,
+        validation_data=validation_data, eval_batch=max(per_rank or 0, 32), epochs=epochs,
         metrics=applied[MetricAverage],
     )
     stopper.raise_errors = False
@@ -288,17 +356,30 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: _FitSetting
     history["params"] = {
         "batch_size": batch_size, "per_rank_batch": per_rank, "steps_per_epoch": steps, "ranks": size,
         "strategy": strategy, "average_every": average_every, "seed": int(seed), "shuffle": bool(shuffle),
-        "rows_per_rank": [int(c) for c in counts], "initial_epoch": initial_epoch, "epochs": epochs,
-        "steps_per_execution": per_execution,
+        "rows_per_rank": None if counts is None else [int(c) for c in counts], "initial_epoch": initial_epoch,
+        "epochs": epochs, "steps_per_execution": per_execution, "input": "arrays" if stream is None else stream.kind,
+        "accumulate_steps": accumulate,
     }
     if initial_epoch < epochs:
-        dataset = _dataset(x, y, n_local, per_rank, steps, initial_epoch, epochs, seed, rank, shuffle)
+        if stream is None:
+            dataset = _dataset(x, y, n_local, per_rank, steps, initial_epoch, epochs, seed, rank, shuffle)
+        else:
+            dataset = stream.feed(steps, epochs - initial_epoch)
         if per_execution != requested:
             model.steps_per_execution = per_execution
             model.train_function = None
-        exchange = model.optimizer._mpinb_exchange if is_distributed(model.optimizer) else None
+        accumulated_before = None if exchange is None else exchange.accumulate
         if exchange is not None:
             exchange.error = None
+            if accumulate != exchange.accumulate:
+                exchange.accumulate = accumulate
+                model.train_function = None
+            if accumulate > 1:
+                # Built now, outside the traced step: the update runs inside a tf.cond branch,
+                # where no variable may be created.
+                if not model.optimizer.built:
+                    model.optimizer.build(model.trainable_variables)
+                exchange.sums_for(list(model.trainable_variables))
         try:
             model.fit(
                 dataset,
@@ -318,6 +399,9 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: _FitSetting
             raise
         finally:
             stopper.release()
+            if exchange is not None and exchange.accumulate != accumulated_before:
+                exchange.accumulate = accumulated_before
+                model.train_function = None
             if per_execution != requested:
                 model.steps_per_execution = requested
                 model.train_function = None
@@ -516,6 +600,32 @@ def _dataset(x: Any, y: Any, n_local: int, per_rank: int, steps: int, first_epoc
             .flat_map(epoch_indices)
             .map(gather, num_parallel_calls=1, deterministic=True)
             .prefetch(2))
+
+
+def _agreed_steps(available: int, requested: int | None, what: str, comm: Any) -> int:
+    """``steps_per_epoch`` when given (at most what every rank has), else what every rank has."""
+    if requested is None:
+        return available
+    check_all(available >= requested,
+              f"steps_per_epoch={requested} is more than the {available} {what} every rank has", comm=comm)
+    return requested
+
+
+def _stream_steps(stream: Stream, requested: int | None, comm: Any) -> int:
+    """Steps per epoch for pipelines: the fewest batches any rank's pipeline yields per pass, or
+    ``steps_per_epoch``. Collective: every rank runs the same steps, or every rank raises."""
+    local = stream.batches_per_epoch()
+    if requested is None:
+        check_all(local is not None,
+                  f"x is a {stream.kind} of unknown or infinite length on this rank; pass steps_per_epoch= "
+                  "(the same on every rank)", comm=comm)
+        counts = _collective.allgather(local, comm=comm, name="fit's batches per rank")
+        check_all(min(counts) > 0, f"some rank's {stream.kind} yields no batch (batches per rank: {counts})", comm=comm)
+        return int(min(counts))
+    check_all(local is None or local >= requested,
+              f"this rank's {stream.kind} yields {local} batches per pass, fewer than steps_per_epoch={requested}",
+              comm=comm)
+    return requested
 
 
 def _steps_per_execution(requested: int, steps: int) -> int:

@@ -243,3 +243,134 @@ def test_make_blobs_memory_follows_the_shard(comm) -> None:
     fractions = comm.allgather(peak / (n * (d + 1) * 8))
     assert_everywhere(all(abs(f - 1 / SIZE) < 0.03 for f in fractions),
                       f"each rank allocates ~1/{SIZE} of the data set: {fractions}", comm)
+
+
+# ------------------------------------------------------------------------- shard_files, shard_dataset
+
+
+def write_files_on_root(comm, directory: Path, n: int, *, prefix: str = "part") -> list[str]:
+    """Rank 0 writes ``n`` small files, in an order unlike their sorted one; returns the sorted paths."""
+    names = [f"{prefix}-{i:04d}.bin" for i in range(n)]
+    if RANK == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in reversed(names):
+            (directory / name).write_bytes(name.encode())
+    comm.Barrier()
+    return sorted(str(directory / name) for name in names)
+
+
+@pytest.mark.parametrize("per_rank", [1, 2, 3.5], ids=["one", "two", "uneven"])
+def test_shard_files_partition_the_sorted_list_in_rank_order(per_rank: float, comm, shared_dir: Path) -> None:
+    n = int(per_rank * SIZE) + (1 if per_rank % 1 else 0)
+    files = write_files_on_root(comm, shared_dir / "parts", n)
+    by_pattern = data.shard_files(str(shared_dir / "parts" / "part-*.bin"), comm=comm)
+    # Each rank lists the paths in its own order, as Paths: the sorted list is what must agree.
+    order = np.random.default_rng(RANK).permutation(n)
+    by_list = data.shard_files([Path(files[i]) for i in order], comm=comm)
+    lo, hi = mpinb.shard_bounds(n, rank=RANK, size=SIZE)
+    assert_everywhere(by_pattern == by_list == files[lo:hi], "this rank's files are its shard_bounds run", comm)
+    everyone = comm.allgather(by_pattern)
+    assert_everywhere([f for mine in everyone for f in mine] == files, "rank order concatenates to the sorted list", comm)
+    assert_everywhere(min(map(len, everyone)) >= 1 and max(map(len, everyone)) - min(map(len, everyone)) <= 1,
+                      f"balanced, none empty: {list(map(len, everyone))}", comm)
+    assert data.shard_files(files, comm=SELF) == files
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_shard_files_different_lists_across_ranks(comm, shared_dir: Path) -> None:
+    files = write_files_on_root(comm, shared_dir, 2 * SIZE + 1)
+    mine = files if RANK < SIZE - 1 else files[:-1]  # the last rank misses one
+    with raises_everywhere(mpinb.CollectiveMismatchError,
+                           match=r"the sorted list of files passed to shard_files must be the same on every rank, "
+                                 rf"but differs across {SIZE} ranks",
+                           comm=comm):
+        data.shard_files(mine, comm=comm)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_shard_files_pattern_matching_on_some_ranks_only(comm, shared_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Node-local disks, simulated: only rank 0's working directory holds the files.
+    mine = shared_dir / f"rank{RANK}"
+    mine.mkdir()
+    monkeypatch.chdir(mine)
+    if RANK == 0:
+        for i in range(SIZE):
+            Path(f"x{i}.rec").write_bytes(b"")
+    comm.Barrier()
+    others = ", ".join(map(str, range(1, SIZE)))
+    label = "rank" if SIZE == 2 else "ranks"
+    # Each failing rank names its own working directory, so the message lists them rank by rank.
+    match = rf"no files matching '\*\.rec' \(relative to '.*rank1'\).*\[on {label} {others} of {SIZE}\]"
+    with raises_everywhere(ValueError, match=match, comm=comm):
+        data.shard_files("*.rec", comm=comm)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_shard_files_fewer_files_than_ranks_everywhere(comm, shared_dir: Path) -> None:
+    files = write_files_on_root(comm, shared_dir, SIZE - 1)
+    plural = "file" if SIZE == 2 else "files"
+    with raises_everywhere(ValueError, match=rf"at least as many files as ranks.*got {SIZE - 1} {plural} for {SIZE} "
+                                             rf"ranks\. Write the data as at least {SIZE} files", comm=comm):
+        data.shard_files(str(shared_dir / "*.bin"), comm=comm)
+    # One more file and every rank gets exactly one.
+    files += write_files_on_root(comm, shared_dir, 1, prefix="zz")
+    assert_everywhere(data.shard_files(files, comm=comm) == [files[RANK]], "one file per rank", comm)
+
+
+def test_shard_files_no_files_everywhere(comm, shared_dir: Path) -> None:
+    where = "the only rank" if SIZE == 1 else f"all {SIZE} ranks"
+    with raises_everywhere(ValueError, match=rf"found no files matching '.*\*\.rec'; .*\[on {where}\]", comm=comm):
+        data.shard_files(str(shared_dir / "*.rec"), comm=comm)
+    with raises_everywhere(ValueError, match=r"at least one file; got an empty list", comm=comm):
+        data.shard_files([], comm=comm)
+
+
+def test_shard_files_missing_file_everywhere(comm, shared_dir: Path) -> None:
+    # The last file in sorted order does not exist; only the last rank, which owns it, notices.
+    files = write_files_on_root(comm, shared_dir, 2 * SIZE - 1) + [str(shared_dir / "zz-missing.bin")]
+    where = "the only rank" if SIZE == 1 else f"rank {SIZE - 1} of {SIZE}"
+    match = rf"cannot read 1 of this rank's 2 files: '.*zz-missing\.bin' \(No such file or directory\)\. \[on {where}\]"
+    with raises_everywhere(FileNotFoundError, match=match, comm=comm):
+        data.shard_files(files, comm=comm)
+
+
+@pytest.fixture(scope="module")
+def tf():
+    from mpinb._quiet_tf import import_tensorflow
+
+    try:
+        import_tensorflow()
+    except ImportError:
+        pass
+    return pytest.importorskip("tensorflow")
+
+
+@pytest.mark.parametrize("per_rank", [1, 5.25])
+def test_shard_dataset_shards_are_disjoint_and_cover_the_dataset(tf, per_rank: float, comm) -> None:
+    n = int(per_rank * SIZE) + (1 if per_rank % 1 else 0)
+    mine = [int(v) for v in data.shard_dataset(tf.data.Dataset.range(n), comm=comm).as_numpy_iterator()]
+    everyone = comm.allgather(mine)
+    seen = [v for part in everyone for v in part]
+    assert_everywhere(sorted(seen) == list(range(n)) and len(set(seen)) == n, "disjoint shards covering the dataset", comm)
+    assert_everywhere(mine == list(range(RANK, n, SIZE)) and len(mine) >= 1, "element i on rank i % size", comm)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_shard_dataset_too_few_elements_everywhere(tf, comm) -> None:
+    with raises_everywhere(ValueError, match=rf"the dataset has 1 element for {SIZE} ranks", comm=comm):
+        data.shard_dataset(tf.data.Dataset.range(SIZE + 1).batch(SIZE + 1), comm=comm)
+
+
+def test_tfrecord_files_read_by_exactly_one_rank(tf, comm, shared_dir: Path) -> None:
+    n_files, per_file = 2 * SIZE + 1, 3
+    if RANK == 0:
+        for i in range(n_files):
+            with tf.io.TFRecordWriter(str(shared_dir / f"part-{i:03d}.tfrecord")) as writer:
+                for j in range(per_file):
+                    writer.write(f"{i}:{j}".encode())
+    comm.Barrier()
+    files = data.shard_files(str(shared_dir / "*.tfrecord"), comm=comm)
+    records = [r.decode() for r in tf.data.TFRecordDataset(files).as_numpy_iterator()]
+    gathered = [r for part in comm.allgather(records) for r in part]
+    want = [f"{i}:{j}" for i in range(n_files) for j in range(per_file)]
+    assert_everywhere(gathered == want, "records gathered in rank order are the files' records in sorted order", comm)

@@ -254,3 +254,168 @@ def test_load_npy_argument_errors(tmp_path: Path) -> None:
         data.load_npy(np.zeros(3), comm=SELF)
     with pytest.raises(ValueError, match="ndim must be a positive integer; got 0"):
         data.load_npy(tmp_path / "x.npy", ndim=0, comm=SELF)
+
+
+# ---------------------------------------------------------------------------- shard_files, shard_dataset
+
+
+def _touch(directory: Path, names: list[str]) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / n for n in names]
+    for p in paths:
+        p.write_bytes(p.name.encode())
+    return paths
+
+
+@pytest.fixture
+def simulated(monkeypatch: pytest.MonkeyPatch):
+    """shard_files as rank ``rank`` of ``size`` sees it, in one process: its two collective decisions
+    are made locally (every simulated rank passes the same list), so the split and the checks that
+    follow the agreement can be tested at any world size."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def alone(*, comm=None, timeout=None):
+        yield
+
+    monkeypatch.setattr(data, "raise_together", alone)
+    monkeypatch.setattr(data, "check_same", lambda value, what, *, comm=None, timeout=None: None)
+    return lambda files, rank, size: data.shard_files(files, comm=FakeComm(rank, size))
+
+
+@pytest.mark.parametrize(
+    ("n", "size"), [(n, size) for n in (1, 2, 3, 4, 7, 8, 13, 100) for size in (1, 2, 3, 4, 7) if n >= size]
+)
+def test_shard_files_split_is_contiguous_balanced_and_in_rank_order(tmp_path: Path, simulated, n: int, size: int) -> None:
+    files = sorted(str(p) for p in _touch(tmp_path, [f"part-{i:05d}.bin" for i in range(n)]))
+    parts = [simulated(str(tmp_path / "part-*.bin"), r, size) for r in range(size)]
+    assert [f for part in parts for f in part] == files
+    for r, part in enumerate(parts):
+        start, stop = shard_bounds(n, rank=r, size=size)
+        assert part == files[start:stop] and len(part) >= 1
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+@pytest.mark.parametrize(("n", "size"), [(1, 2), (3, 4), (6, 7)])
+def test_shard_files_fewer_files_than_ranks_is_an_error_with_the_fix(tmp_path: Path, simulated, n: int, size: int) -> None:
+    files = _touch(tmp_path, [f"f{i}" for i in range(n)])
+    plural = "file" if n == 1 else "files"
+    for r in range(size):  # the same decision on every rank, before any file is opened
+        with pytest.raises(ValueError, match=rf"at least as many files as ranks.*got {n} {plural} for {size} ranks\. "
+                                             rf"Write the data as at least {size} files .*mpinb\.data\.load_npy"):
+            simulated(files, r, size)
+
+
+def test_shard_files_on_one_rank_sorts_and_expands(tmp_path: Path) -> None:
+    names = ["b.rec", "a.rec", "c.rec", "a.txt", "part-10.rec", "part-02.rec"]
+    paths = _touch(tmp_path, names)
+    want = sorted(str(p) for p in paths if p.suffix == ".rec")
+    assert want[0].endswith("a.rec") and want[-1].endswith("part-10.rec")
+    got = data.shard_files(str(tmp_path / "*.rec"), comm=SELF)
+    assert got == want and all(type(f) is str for f in got)
+    # A list in any order, of Paths or strings (or a generator), gives the same sorted str list.
+    shuffled = [paths[i] for i in (4, 2, 0, 5, 1)]
+    assert data.shard_files(shuffled, comm=SELF) == want
+    assert data.shard_files((str(p) for p in reversed(shuffled)), comm=SELF) == want
+    assert data.shard_files(tmp_path / "*.rec", comm=SELF) == want  # a Path pattern
+    # A path without wildcards is a pattern matching itself; ** descends into directories.
+    assert data.shard_files(paths[0], comm=SELF) == [str(paths[0])]
+    deep = _touch(tmp_path / "x" / "y", ["z.rec"])
+    assert data.shard_files(str(tmp_path / "**" / "*.rec"), comm=SELF) == sorted(want + [str(deep[0])])
+
+
+def test_shard_files_relative_pattern(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _touch(tmp_path / "shards", ["1.npz", "0.npz"])
+    monkeypatch.chdir(tmp_path)
+    assert data.shard_files("shards/*.npz", comm=SELF) == ["shards/0.npz", "shards/1.npz"]
+    with pytest.raises(ValueError, match=rf"no files matching 'nope/\*\.npz' \(relative to '{tmp_path}'\); "
+                                         r"check the pattern, and that every rank sees the directory\. \[on the only rank\]"):
+        data.shard_files("nope/*.npz", comm=SELF)
+
+
+def test_shard_files_errors(tmp_path: Path) -> None:
+    a, b, c, d = _touch(tmp_path, ["a", "b", "c", "d"])
+    (tmp_path / "sub").mkdir()
+    cases = [
+        (str(tmp_path / "*.none"), ValueError, r"found no files matching '.*\*\.none'; check the pattern"),
+        ([], ValueError, r"needs at least one file; got an empty list\. \[on the only rank\]"),
+        ([a, b, str(a), c, c], ValueError, rf"each file once.*'{a}', '{c}' are listed more than once"),
+        (42, TypeError, r"a glob pattern \(str or os\.PathLike\) or an iterable of paths; got int"),
+        (b"*.rec", TypeError, "or an iterable of paths; got bytes"),
+        ([a, 3], TypeError, r"str or os\.PathLike paths; item 1 is 3"),
+        ([a, tmp_path / "gone"], FileNotFoundError,
+         rf"cannot read 1 of this rank's 2 files: '{tmp_path}/gone' \(No such file or directory\)\. \[on the only rank\]"),
+        ([a, tmp_path / "sub"], IsADirectoryError, r"'.*/sub' \(is a directory\)"),
+        ([tmp_path / f"m{i}" for i in range(5)] + [d], FileNotFoundError,
+         r"cannot read 5 of this rank's 6 files: '.*m0' \(No such file or directory\), '.*m1' .*, '.*m2' .* and 2 more\."),
+    ]
+    for files, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            data.shard_files(files, comm=SELF)
+
+
+def test_shard_files_unreadable(tmp_path: Path) -> None:
+    import os
+
+    (locked,) = _touch(tmp_path, ["locked"])
+    locked.chmod(0)
+    try:
+        if os.access(locked, os.R_OK):
+            pytest.skip("running as a user who can read anything")
+        with pytest.raises(PermissionError, match=r"'.*locked' \(permission denied\)"):
+            data.shard_files([locked], comm=SELF)
+    finally:
+        locked.chmod(0o600)
+
+
+def test_shard_dataset_rejects_non_datasets_without_importing_tensorflow() -> None:
+    code = (
+        "import sys, numpy as np, mpinb.data as d\n"
+        "for bad in ([1, 2], np.arange(3), iter(range(3))):\n"
+        "    try:\n"
+        "        d.shard_dataset(bad)\n"
+        "    except TypeError as err:\n"
+        "        print(err)\n"
+        "print('tensorflow' in sys.modules, 'mpi4py.MPI' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0].startswith("shard_dataset needs a tf.data.Dataset; got list. For NumPy arrays use mpinb.shard")
+    assert "got numpy.ndarray" in out[1] and "got range_iterator" in out[2] and "mpinb.data.shard_files" in out[2]
+    assert out[3] == "False False"
+
+
+@pytest.fixture(scope="module")
+def tf():
+    from mpinb._quiet_tf import import_tensorflow
+
+    try:
+        import_tensorflow()
+    except ImportError:
+        pass
+    return pytest.importorskip("tensorflow")
+
+
+@pytest.mark.parametrize("n", [4, 5, 17])
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_shard_dataset_shards_are_disjoint_and_cover_the_dataset(tf, n: int, size: int) -> None:
+    ds = tf.data.Dataset.range(n)
+    parts = [[int(v) for v in data.shard_dataset(ds, comm=FakeComm(r, size)).as_numpy_iterator()] for r in range(size)]
+    assert sorted(v for p in parts for v in p) == list(range(n))
+    assert all(p == list(range(r, n, size)) for r, p in enumerate(parts))
+    assert data.shard_dataset(ds, comm=SELF) is ds
+
+
+def test_shard_dataset_element_count_checks(tf) -> None:
+    ds = tf.data.Dataset.range(10)
+    with pytest.raises(ValueError, match=r"at least one element per rank; the dataset has 3 elements for 4 ranks\. "
+                                         r"If it is batched, shard before batch\(\)"):
+        data.shard_dataset(ds.batch(4), comm=FakeComm(0, 4))
+    with pytest.raises(ValueError, match="has 0 elements for 1 ranks"):
+        data.shard_dataset(ds.take(0), comm=SELF)
+    # Unknown (filter) and infinite (repeat) cardinalities are not checked.
+    odd = data.shard_dataset(ds.filter(lambda x: x % 2 == 1), comm=FakeComm(1, 2))
+    assert [int(v) for v in odd.as_numpy_iterator()] == [3, 7]
+    endless = data.shard_dataset(ds.repeat(), comm=FakeComm(2, 4))
+    assert [int(v) for v in endless.take(4).as_numpy_iterator()] == [2, 6, 0, 4]
+    with pytest.raises(TypeError, match=r"needs a tf\.data\.Dataset; got tensorflow\."):
+        data.shard_dataset(tf.constant([1, 2]), comm=SELF)

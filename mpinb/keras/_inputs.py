@@ -1,0 +1,104 @@
+"""Data pipelines as ``fit`` input: a ``tf.data.Dataset``, a ``keras.utils.PyDataset`` or a generator.
+
+Local. Each rank's pipeline yields that rank's batches, ``(x, y)`` or ``(x, y, sample_weight)``.
+``fit`` agrees on the number of steps per epoch collectively, then feeds Keras exactly that many
+batches per epoch, every epoch, so no rank runs out of data while the others wait in the gradient
+exchange (Keras itself would carry a half-read dataset over into the next epoch, and stop the
+rank whose data ends first).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["Stream", "as_stream"]
+
+
+class Stream:
+    """One rank's pipeline, whatever its kind."""
+
+    def __init__(self, data: Any, kind: str) -> None:
+        self.data = data
+        self.kind = kind
+        self._peeked: list[Any] = []
+
+    def batches_per_epoch(self) -> int | None:
+        """Batches one pass yields, or ``None`` when unknown or infinite."""
+        if self.kind == "tf.data.Dataset":
+            n = int(self.data.cardinality())
+            return n if n >= 0 else None  # -1 infinite, -2 unknown
+        if self.kind == "PyDataset":
+            n = self.data.num_batches
+            return None if n is None else int(n)
+        return None
+
+    def first_inputs(self) -> Any:
+        """The inputs of the first batch, to build a model that has no weights yet."""
+        return self._first()[0]
+
+    def feed(self, steps: int, epochs: int) -> Any:
+        """What ``model.fit`` gets: exactly ``steps`` batches for each of ``epochs`` epochs."""
+        if self.kind == "tf.data.Dataset":
+            # A finite pass restarts each epoch (re-shuffling where the pipeline shuffles); an
+            # infinite one continues, as a user of .repeat() expects.
+            if int(self.data.cardinality()) == -1:
+                return self.data.take(steps * epochs)
+            return self.data.take(steps).repeat(epochs)
+        if self.kind == "PyDataset":
+            return _pydataset_batches(self.data, steps, epochs)
+        return _counted(itertools.chain(self._peeked, self.data), steps * epochs)
+
+    def _first(self) -> Any:
+        if self.kind == "tf.data.Dataset":
+            return next(iter(self.data.take(1)))
+        if self.kind == "PyDataset":
+            return self.data[0]
+        if not self._peeked:
+            try:
+                self._peeked.append(next(self.data))
+            except StopIteration:
+                raise ValueError("the generator given as x yields no batch on this rank.") from None
+        return self._peeked[0]
+
+
+def as_stream(x: Any) -> Stream | None:
+    """A :class:`Stream` when ``x`` is a pipeline, ``None`` when it is in-memory arrays."""
+    import keras
+
+    if isinstance(x, keras.utils.PyDataset):
+        return Stream(x, "PyDataset")
+    if isinstance(x, Iterator):
+        return Stream(x, "generator")
+    import sys
+
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(x, tf.data.Dataset):
+        return Stream(x, "tf.data.Dataset")
+    return None
+
+
+def _pydataset_batches(data: Any, steps: int, epochs: int) -> Iterator[Any]:
+    # In index order, calling on_epoch_end as Keras would: the PyDataset shuffles itself there.
+    # (An infinite PyDataset is indexed on from where the last epoch stopped.)
+    index = 0
+    for _ in range(epochs):
+        if data.num_batches is not None:
+            index = 0
+        for _ in range(steps):
+            yield data[index]
+            index += 1
+        data.on_epoch_end()
+
+
+def _counted(batches: Iterator[Any], total: int) -> Iterator[Any]:
+    given = 0
+    for batch in itertools.islice(batches, total):
+        given += 1
+        yield batch
+    if given < total:
+        raise ValueError(
+            f"the generator given as x stopped after {given} batches on this rank; fit needs "
+            f"steps_per_epoch × epochs = {total}. Make it yield that many (or loop for ever)."
+        )
