@@ -15,6 +15,18 @@ sys.path.insert(0, str(Path(__file__).parent))  # for ``import mpitools``
 _COUNTS: Counter[str] = Counter()
 
 
+@pytest.fixture(scope="module")
+def tf():
+    """TensorFlow, imported as mpinb imports it (without its C++ start-up lines), or a skip."""
+    from mpinb._quiet_tf import import_tensorflow
+
+    try:
+        import_tensorflow()
+    except ImportError:
+        pass
+    return pytest.importorskip("tensorflow")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # Counted here rather than read off the terminal reporter, which secondary MPI ranks switch off.
     if report.when == "call" or (report.when == "setup" and not report.passed):

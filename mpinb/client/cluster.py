@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from mpinb.client._processes import descendants, end, kill
+from mpinb.client._tracebacks import install as install_grouped_tracebacks
+from mpinb.client._tracebacks import remember_ranks
+from mpinb.client._watchdog import Watchdog
 from mpinb.errors import _check_int
 
 __all__ = ["Health", "MPICluster"]
@@ -113,6 +116,7 @@ class MPICluster:
         self._ids_by_rank: list[int] = []
         self._engine_pids: list[int] = []
         self._owns_cluster = True
+        self._watchdog: Watchdog | None = None  # only for a cluster this object started
         if start:
             self.start()
 
@@ -146,10 +150,15 @@ class MPICluster:
             config=config,
             **self._cluster_kwargs,
         )
+        # Before any process starts: whatever happens to this process from now on, the cluster ends
+        # with it (mpinb.client._watchdog).
+        self._watchdog = Watchdog()
         try:
             self.cluster.start_cluster_sync()
+            self._watch_launchers()
             self.client = self.cluster.connect_client_sync()
             self._identify(self._wait_for_new_engines(set()))
+            self._watchdog.watch(self._engine_pids)
             self._protect_files()
         except BaseException:
             self.stop()
@@ -200,7 +209,10 @@ class MPICluster:
                 self.cluster.stop_cluster_sync()
             except Exception:  # noqa: BLE001 - already dead processes
                 pass
-            _reap(pids, grace=5.0)
+            end(pids, grace=5.0)
+        if self._watchdog is not None:
+            self._watchdog.release()
+            self._watchdog = None
         self.client = self.view = None
         if self._owns_cluster:
             self.cluster = None
@@ -212,15 +224,26 @@ class MPICluster:
         The last resort, for a rank stuck outside mpinb: in its own raw MPI call or in C code, where
         neither a deadline nor SIGINT reaches it. (A rank waiting in an mpinb collective stops at its
         deadline or at :meth:`interrupt`, and the next cells work without a restart.) The engines'
-        namespaces are lost.
+        namespaces are lost. A cluster this object started gets a fresh controller too, so that
+        engine ids are MPI ranks again (``%%px`` output headers ``[stdout:1]`` name rank 1) and
+        ``cluster.client``/``cluster.view`` are new objects; a joined cluster (:meth:`connect`)
+        keeps its controller, and its new engines get new ids (addressed by rank as always).
         """
+        if self._owns_cluster and self.cluster is not None:
+            saved = self.timeout
+            self.timeout = saved if timeout is None else float(timeout)
+            try:
+                self.stop()
+                self.start()
+            finally:
+                self.timeout = saved
+            return self
         if self.cluster is None:
             raise RuntimeError("restart() needs a cluster started by MPICluster or found from its cluster file.")
+        # A joined cluster, found from its cluster file: new engines under its own controller.
         old = self._engine_keys()
         self._kill_engines()
         self.cluster.stop_engines_sync()
-        if self._owns_cluster:
-            _reap(self._engine_pids, grace=2.0)
         self.cluster.start_engines_sync(self.n)
         self._identify(self._wait_for_new_engines(old, timeout=timeout))
         return self
@@ -363,6 +386,7 @@ class MPICluster:
         self._ids_by_rank = [eid for eid, _ in sorted(by_eid.items(), key=lambda item: item[1]["rank"])]
         self._engine_pids = [by_eid[eid]["pid"] for eid in self._ids_by_rank]
         self._engine_hosts = [by_eid[eid]["host"] for eid in self._ids_by_rank]
+        remember_ranks(self._ids_by_rank)
         self.view = self.client.direct_view(targets=self._ids_by_rank)
         self.view.block = True
         _activate(self.view)
@@ -388,8 +412,15 @@ class MPICluster:
                 pid = getattr(launcher, "pid", None) if launcher is not None else None
                 if pid:
                     pids.append(pid)
-                    pids.extend(_children(pid))
+                    pids.extend(descendants(pid))
         return sorted(set(pids))
+
+    def _watch_launchers(self) -> None:
+        """Give the watchdog the controller's and mpiexec's PIDs (it ends their trees too)."""
+        if self._watchdog is None or self.cluster is None:
+            return
+        launchers = [self.cluster.controller, *self.cluster.engines.values()]
+        self._watchdog.watch(getattr(launcher, "pid", None) for launcher in launchers if launcher is not None)
 
     def _kill_engines(self) -> None:
         """SIGKILL the engines' mpiexec trees: graceful stops wait on ranks that may be spinning."""
@@ -398,10 +429,10 @@ class MPICluster:
         for launcher in list(self.cluster.engines.values()):
             pid = getattr(launcher, "pid", None)
             if pid:
-                for child in [*_children(pid), pid]:
-                    _kill(child)
+                for child in [*descendants(pid), pid]:
+                    kill(child)
         for pid in self._engine_pids:
-            _kill(pid)
+            kill(pid)
 
 
 def _engine_identity() -> dict[str, Any]:
@@ -451,44 +482,24 @@ def _config(base: dict[str, Any], extra: Any) -> Any:
 
 
 def _activate(view: Any) -> None:
+    """Make ``view`` the target of ``%%px`` in a notebook, with errors grouped by rank.
+
+    What ``view.activate()`` does, except that output is shown when every rank is done rather than
+    streamed: streamed, each rank's error prints on its own as it arrives (16 ranks, 16
+    tracebacks); at the end, identical errors show once, with the ranks that raised them.
+    ``%%px --stream`` (or ``%pxconfig --stream``) streams again.
+    """
+    install_grouped_tracebacks()
     try:
         from IPython import get_ipython
     except ImportError:
         return
-    if get_ipython() is not None:
-        view.activate()
+    ip = get_ipython()
+    if ip is not None:
+        from ipyparallel.client.magics import ParallelMagics
+
+        magics = ParallelMagics(ip, view, "")
+        magics.stream_output = False
+        ip.magics_manager.register(magics)
 
 
-def _children(pid: int) -> list[int]:
-    import psutil
-
-    try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _reap(pids: Sequence[int], grace: float) -> None:
-    """Wait up to ``grace`` seconds for ``pids`` to exit, then SIGKILL what is left."""
-    import psutil
-
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=2.0)

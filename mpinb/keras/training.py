@@ -250,8 +250,10 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: _FitSetting
         elif y is not None:
             raise ValueError(f"y must be None when x is a {stream.kind}: it yields (x, y) batches.")
         if validation_data is not None:
-            if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
-                raise TypeError("validation_data must be a pair (x_val, y_val) of this rank's validation rows.")
+            if (not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2
+                    or as_stream(validation_data[0]) is not None):
+                raise TypeError("validation_data must be a pair (x_val, y_val) of this rank's validation rows, as "
+                                "arrays (scored exactly over uneven shards); a pipeline is not accepted there.")
             _check_xy(*validation_data, "validation_data[0]", "validation_data[1]")
         _check_model(model, strategy)
     check_same(

@@ -27,7 +27,7 @@ def cluster_processes() -> list[psutil.Process]:
         except psutil.Error:
             continue
         if any(tag in cmd for tag in ("ipyparallel.engine", "ipyparallel.controller", "mpiexec", "hydra_pmi_proxy",
-                                      "permuted_engine")):
+                                      "permuted_engine", "mpinb.client._watchdog")):
             found.append(proc)
     return found
 

@@ -75,6 +75,11 @@ def test_stuck_rank_is_named_and_restart_recovers(cluster2) -> None:
     elapsed = time.monotonic() - t0
     assert elapsed <= 20, f"restart took {elapsed:.1f} s"
     assert cluster2.healthy(timeout=5).ok
+    # A fresh controller numbers the new engines from 0 again: engine id == MPI rank, as before.
+    assert cluster2.ids_by_rank == [0, 1] and sorted(cluster2.client.ids) == [0, 1]
+    # ...so ipyparallel's own engine order, that of %%px output, is rank order.
+    cluster2.client[:].execute("import mpinb; r = mpinb.world().rank", block=True)
+    assert cluster2.client[:].pull("r", block=True) == [0, 1]
     assert not old_pids & set(cluster2._engine_pids)
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old_pids)
     cluster2.view.execute("import mpinb; total = mpinb.allreduce([1])[0]")
@@ -201,3 +206,14 @@ def test_live_inertia_from_kmeans_equals_its_history(cluster2) -> None:
     assert seen.progress["kind"] == "inertia" and seen.progress["done"]
     assert seen.progress["series"]["inertia"] == pytest.approx(list(history), rel=1e-12)
     assert seen.progress["steps"] == list(range(1, len(history) + 1))
+
+
+def test_the_same_error_on_every_rank_is_shown_once_with_its_ranks(cluster2) -> None:
+    import ipyparallel as ipp
+
+    with pytest.raises(ipp.error.CompositeError) as info:
+        cluster2.view.execute("import mpinb; mpinb.check_all(False, 'no good')", block=True)
+    lines = info.value._render_traceback_()
+    assert lines[0] == "ValueError on ranks 0-1 (2 of 2 errors, the same):", lines[:3]
+    assert sum(line.startswith("ValueError on") for line in lines) == 1
+    assert sorted(info.value.by_rank) == [0, 1]

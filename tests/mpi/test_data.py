@@ -334,15 +334,6 @@ def test_shard_files_missing_file_everywhere(comm, shared_dir: Path) -> None:
         data.shard_files(files, comm=comm)
 
 
-@pytest.fixture(scope="module")
-def tf():
-    from mpinb._quiet_tf import import_tensorflow
-
-    try:
-        import_tensorflow()
-    except ImportError:
-        pass
-    return pytest.importorskip("tensorflow")
 
 
 @pytest.mark.parametrize("per_rank", [1, 5.25])

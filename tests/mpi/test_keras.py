@@ -11,6 +11,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from keras_reference import relative_error, sharded_reference, weights_of
 from mpi4py import MPI
 from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
@@ -45,10 +46,6 @@ def mlp(seed: int = 0, *, hidden: int = 32, batchnorm: bool = False, optimizer=N
     return model
 
 
-def weights_of(model) -> np.ndarray:
-    return np.concatenate([np.ravel(w) for w in model.get_weights()])
-
-
 def global_batches_order(n_total: int, per_rank: int) -> np.ndarray:
     """Row order for one process that sees, at step k, the concatenation of every rank's k-th batch."""
     bounds = [mpinb.shard_bounds(n_total, rank=r, size=SIZE) for r in range(SIZE)]
@@ -56,10 +53,6 @@ def global_batches_order(n_total: int, per_rank: int) -> np.ndarray:
     return np.concatenate(
         [np.arange(lo + k * per_rank, lo + (k + 1) * per_rank) for k in range(steps) for lo, _ in bounds]
     )
-
-
-def relative_error(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
 class CountBatches(keras.callbacks.Callback):
@@ -495,43 +488,6 @@ def test_fit_keeps_the_thread_budget_the_user_chose(digits, monkeypatch):
 
 
 # --- the Horovod way: plain model.fit with DistributedOptimizer and the callbacks ------------------
-
-
-def sharded_reference(model, X, y, per_rank: int, epochs: int, size: int):
-    """One process doing what ``size`` data-parallel ranks do, step by step.
-
-    At each step rank r's sub-batch is rows ``[r*per_rank, (r+1)*per_rank)`` of the global batch.
-    Each sub-batch is normalised with its own BatchNorm statistics (as on its rank), gradients are
-    averaged over sub-batches, and the moving statistics become the mean of what each rank would
-    hold: the moving average is linear, so averaging at each step equals averaging at epoch end.
-    Returns the per-epoch mean loss over all sub-batches (what MetricAverage reports).
-    """
-    import tensorflow as tf
-
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-    moving = model.non_trainable_variables
-    losses = []
-    steps = len(X) // (per_rank * size)
-    for _ in range(epochs):
-        total = 0.0
-        for k in range(steps):
-            start = [v.numpy() for v in moving]
-            grads, after = None, []
-            for r in range(size):
-                rows = slice((k * size + r) * per_rank, (k * size + r + 1) * per_rank)
-                for v, s in zip(moving, start):
-                    v.assign(s)
-                with tf.GradientTape() as tape:
-                    loss = loss_fn(y[rows], model(X[rows], training=True))
-                g = tape.gradient(loss, model.trainable_variables)
-                grads = g if grads is None else [a + b for a, b in zip(grads, g)]
-                after.append([v.numpy() for v in moving])
-                total += float(loss)
-            for i, v in enumerate(moving):
-                v.assign(np.mean([a[i] for a in after], axis=0))
-            model.optimizer.apply_gradients(zip([g / size for g in grads], model.trainable_variables))
-        losses.append(total / (steps * size))
-    return losses
 
 
 @pytest.mark.parametrize("batchnorm", [False, True], ids=["mlp", "batchnorm"])

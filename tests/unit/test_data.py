@@ -384,15 +384,6 @@ def test_shard_dataset_rejects_non_datasets_without_importing_tensorflow() -> No
     assert out[3] == "False False"
 
 
-@pytest.fixture(scope="module")
-def tf():
-    from mpinb._quiet_tf import import_tensorflow
-
-    try:
-        import_tensorflow()
-    except ImportError:
-        pass
-    return pytest.importorskip("tensorflow")
 
 
 @pytest.mark.parametrize("n", [4, 5, 17])

@@ -1,0 +1,81 @@
+"""Errors from many ranks, shown once per distinct error and named by MPI rank.
+
+Client. mpinb's collectives raise the same exception on every rank, so a failing 16-rank ``%%px``
+cell would print 16 identical tracebacks. :func:`install` makes ipyparallel's ``CompositeError``
+(what ``%%px`` and ``view.execute`` raise) render each distinct error once, with the ranks that
+raised it, and gives it ``by_rank``: each rank's own error, one attribute away.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["install", "rank_ranges", "remember_ranks"]
+
+_rank_of_engine: dict[int, int] = {}
+
+
+def remember_ranks(ids_by_rank: list[int]) -> None:
+    """Record which MPI rank each engine id is (``MPICluster`` calls it whenever it identifies)."""
+    _rank_of_engine.update({eid: rank for rank, eid in enumerate(ids_by_rank)})
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def install() -> None:
+    """Render ``CompositeError`` grouped by distinct error; idempotent."""
+    from ipyparallel import error
+
+    if getattr(error.CompositeError, "_mpinb_grouped", False):
+        return
+    error.CompositeError.render_traceback = _render
+    error.CompositeError.by_rank = property(_by_rank)
+    error.CompositeError._mpinb_grouped = True
+
+
+def _who(engine_info: dict | None) -> tuple[str, int]:
+    eid = (engine_info or {}).get("engine_id")
+    if eid in _rank_of_engine:
+        return "rank", _rank_of_engine[eid]
+    return "engine", -1 if eid is None else int(eid)
+
+
+def _by_rank(self: Any) -> dict[int, Any]:
+    from ipyparallel import error
+
+    out = {}
+    for en, ev, etb, ei in self.elist:
+        kind, number = _who(ei)
+        if kind == "rank":
+            out[number] = error.RemoteError(en, ev, etb, ei)
+    return out
+
+
+def _render(self: Any, excid: int | None = None) -> list[str]:
+    if excid is not None:
+        en, ev, etb, ei = self.elist[excid]
+        return [f"[{' '.join(map(str, _who(ei)))}]:", *(etb or "No traceback available").splitlines()]
+    groups: dict[tuple[str, str], list[tuple[tuple[str, int], str]]] = {}
+    for en, ev, etb, ei in self.elist:
+        groups.setdefault((en, str(ev)), []).append((_who(ei), etb or "No traceback available"))
+    lines = []
+    for (en, _), members in groups.items():
+        kinds = {kind for (kind, _), _ in members}
+        numbers = [number for (_, number), _ in members]
+        label = "ranks" if kinds == {"rank"} else "engines"
+        lines.append(f"{en} on {label if len(numbers) > 1 else label[:-1]} {rank_ranges(numbers)}"
+                     + (f" ({len(numbers)} of {len(self.elist)} errors, the same):" if len(numbers) > 1 else ":"))
+        lines.extend(min(members)[1].splitlines())
+        lines.append("")
+    if len(groups) < len(self.elist):
+        lines.append("Each rank's own error: sys.last_value.by_rank[r] (print_traceback() shows it).")
+    return lines

@@ -1,0 +1,106 @@
+"""Ending a cluster whose notebook is gone, however it went (SIGKILL, an OOM kill, a timeout).
+
+Client. An ``atexit`` hook never runs when the kernel is killed, so :class:`MPICluster` starts this
+small process beside the cluster it owns. The watchdog holds the read end of a pipe whose only
+write end is in the owner; it reads the PIDs to watch from it (the controller, ``mpiexec``, the
+engines, again after a restart). When the owner says ``stop`` (a clean :meth:`MPICluster.stop`),
+the watchdog just exits. When the pipe ends without ``stop``, or the owner's PID is gone (a forked
+child of the owner could keep the pipe open), the owner has died: the watchdog sends SIGTERM to
+every watched process and its descendants, SIGKILL two seconds later to what is left, and exits.
+It runs in its own session, so a signal to the kernel's process group does not reach it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+from typing import Iterable
+
+__all__ = ["Watchdog"]
+
+_POLL = 0.5  # seconds between looks at the owner's PID while the pipe is quiet
+_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
+
+
+class Watchdog:
+    """The owner's side: start the watchdog, tell it what to watch, release it on a clean stop."""
+
+    def __init__(self) -> None:
+        read, self._write = os.pipe()  # not inheritable: processes started later do not hold it
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "mpinb.client._watchdog", str(os.getpid())],
+                stdin=read, stdout=subprocess.DEVNULL, start_new_session=True,
+            )
+        finally:
+            os.close(read)
+
+    def watch(self, pids: Iterable[int]) -> None:
+        """Add ``pids`` (and, when it acts, their descendants) to what the watchdog ends."""
+        line = " ".join(str(int(p)) for p in pids if p)
+        if line and self._write is not None:
+            os.write(self._write, f"watch {line}\n".encode())
+
+    def release(self) -> None:
+        """The owner stopped the cluster itself: the watchdog exits without touching anything."""
+        if self._write is None:
+            return
+        try:
+            os.write(self._write, b"stop\n")
+        except OSError:
+            pass
+        os.close(self._write)
+        self._write = None
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _owner_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is gone too: it only waits for its parent to collect its status
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def main(owner: int) -> None:
+    from mpinb.client._processes import descendants, end
+
+    watched: set[int] = set()
+    buffered = b""
+    while True:
+        ready, _, _ = select.select([0], [], [], _POLL)
+        if ready:
+            chunk = os.read(0, 4096)
+            if not chunk:
+                break  # the write end is closed: the owner is gone (or released us: see below)
+            buffered += chunk
+            *lines, buffered = buffered.split(b"\n")
+            for line in lines:
+                words = line.decode().split()
+                if words[:1] == ["stop"]:
+                    return
+                if words[:1] == ["watch"]:
+                    watched.update(int(w) for w in words[1:])
+        elif not _owner_alive(owner):
+            break
+    trees = set(watched)
+    for pid in watched:
+        trees.update(descendants(pid))
+    trees.discard(os.getpid())
+    end(sorted(trees), grace=_GRACE, terminate=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

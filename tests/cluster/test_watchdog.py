@@ -1,0 +1,72 @@
+"""A cluster MPICluster started ends with its owner, however the owner ends; a clean stop ends the watchdog."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from mpinb.client.cluster import MPICluster
+
+OWNER = """
+import json, time
+from mpinb.client.cluster import MPICluster
+cluster = MPICluster(n=2)
+print(json.dumps({"cluster": cluster._tracked_pids(), "watchdog": cluster._watchdog.process.pid}), flush=True)
+time.sleep(600)
+"""
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_cluster_ends_within_10_s_of_its_owner_being_killed(tmp_path):
+    log = open(tmp_path / "owner.log", "w")
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        ready, _, _ = select.select([owner.stdout], [], [], 180)
+        assert ready, f"the owner never reported its cluster: {(tmp_path / 'owner.log').read_text()[-2000:]}"
+        info = json.loads(owner.stdout.readline())
+        cluster = info["cluster"]
+        procs = [psutil.Process(p) for p in cluster]
+        kinds = [(p.name(), " ".join(p.cmdline())) for p in procs]
+        # The controller, mpiexec (with its proxy) and both engines are all being watched.
+        engines = [c for name, c in kinds if name.startswith("python") and "ipyparallel.engine" in c and "nanny" not in c]
+        assert len(engines) == 2, kinds
+        assert any("ipyparallel.controller" in c for _, c in kinds) and any("mpiexec" in n for n, _ in kinds), kinds
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        t0 = time.monotonic()
+        left = cluster + [info["watchdog"]]
+        while time.monotonic() - t0 < 10 and not all(gone(p) for p in left):
+            time.sleep(0.1)
+        alive = [p for p in left if not gone(p)]
+        assert not alive, f"still running 10 s after the owner's SIGKILL: {alive}"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        for pid in (info["cluster"] if "info" in locals() else []):
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        log.close()
+
+
+def test_a_clean_stop_ends_the_watchdog_and_a_joined_cluster_has_none():
+    cluster = MPICluster(n=1)
+    try:
+        watchdog = cluster._watchdog.process
+        assert watchdog.poll() is None
+    finally:
+        cluster.stop()
+    assert watchdog.wait(timeout=10) == 0
+    assert cluster._watchdog is None

@@ -1,0 +1,102 @@
+"""One-process references for data-parallel Keras training: what N ranks compute, step by step.
+
+Shared by the tests in this folder that check ``mpinb.keras`` exactly against one process. Nothing
+here communicates; Keras and TensorFlow are imported only by the function that trains.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+import mpinb
+
+__all__ = ["relative_error", "sharded_order", "sharded_reference", "weights_of"]
+
+
+def weights_of(model) -> np.ndarray:
+    return np.concatenate([np.ravel(w) for w in model.get_weights()])
+
+
+def relative_error(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def sharded_order(n_total: int, per_rank: int, size: int) -> np.ndarray:
+    """Row order in which :func:`sharded_reference` sees what ``size`` ranks train on, unshuffled.
+
+    Rank r holds the contiguous shard ``mpinb.shard`` gives it and, with ``shuffle=False``, trains at
+    step k on its k-th run of ``per_rank`` rows; step k of the reference is those runs in rank order.
+    """
+    bounds = [mpinb.shard_bounds(n_total, rank=r, size=size) for r in range(size)]
+    steps = min((hi - lo) // per_rank for lo, hi in bounds)
+    return np.concatenate(
+        [np.arange(lo + k * per_rank, lo + (k + 1) * per_rank) for k in range(steps) for lo, _ in bounds]
+    )
+
+
+def sharded_reference(model, X, y, per_rank: int, epochs: int, size: int, *,
+                      rank_states: Sequence[Sequence[Any]] | None = None):
+    """One process doing what ``size`` data-parallel ranks do, step by step.
+
+    At each step rank r's sub-batch is rows ``[r*per_rank, (r+1)*per_rank)`` of the global batch.
+    Each sub-batch is normalised with its own BatchNorm statistics (as on its rank), gradients are
+    averaged over sub-batches, and the moving statistics become the mean of what each rank would
+    hold: the moving average is linear, so averaging at each step equals averaging at epoch end.
+    Returns the per-epoch mean loss over all sub-batches (what MetricAverage reports).
+
+    Integer non-trainable state (the seed of each Dropout layer's SeedGenerator) is never averaged:
+    each simulated rank keeps its own and draws its masks from it, as a rank does; SyncNonTrainable
+    averages floating-point variables only. ``rank_states`` gives each rank's integer state at the
+    start, in rank order and in ``model.non_trainable_variables`` order (say, recorded at train
+    begin on every rank and allgathered); by default every rank starts from the model's own, which
+    is what ranks that built the model from the same seed hold. Afterwards the model holds rank 0's.
+    """
+    import keras
+    import tensorflow as tf
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    moving = [v for v in model.non_trainable_variables if _is_float(v)]
+    counters = [v for v in model.non_trainable_variables if not _is_float(v)]
+    if rank_states is None:
+        rank_states = [[v.numpy() for v in counters]] * size
+    if len(rank_states) != size or any(len(s) != len(counters) for s in rank_states):
+        raise ValueError(f"rank_states needs {len(counters)} integer state(s) for each of {size} ranks.")
+    states = [[np.array(s, copy=True) for s in mine] for mine in rank_states]
+
+    @tf.function  # traced once (every sub-batch has one shape), like a rank's train step; eager is ~4x slower
+    def forward_backward(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    losses = []
+    steps = len(X) // (per_rank * size)
+    for _ in range(epochs):
+        total = 0.0
+        for k in range(steps):
+            start = [v.numpy() for v in moving]
+            grads, after = None, []
+            for r in range(size):
+                rows = slice((k * size + r) * per_rank, (k * size + r + 1) * per_rank)
+                for v, s in zip(moving, start):
+                    v.assign(s)
+                for v, s in zip(counters, states[r]):
+                    v.assign(s)
+                loss, g = forward_backward(tf.constant(X[rows]), tf.constant(y[rows]))
+                grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+                after.append([v.numpy() for v in moving])
+                states[r] = [v.numpy() for v in counters]
+                total += float(loss)
+            for i, v in enumerate(moving):
+                v.assign(np.mean([a[i] for a in after], axis=0))
+            model.optimizer.apply_gradients(zip([g / size for g in grads], model.trainable_variables))
+        losses.append(total / (steps * size))
+    for v, s in zip(counters, states[0]):
+        v.assign(s)
+    return losses
+
+
+def _is_float(variable) -> bool:
+    return np.dtype(str(variable.dtype)).kind == "f"
