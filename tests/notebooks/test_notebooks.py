@@ -97,16 +97,35 @@ def test_03_sharded_keras() -> None:
     epochs = 12
     got = run_notebook(
         "03_sharded_keras.ipynb",
-        {"n_engines": 2, "epochs": epochs, "global_batch": 64},
+        # 5 part files on 2 ranks: uneven on purpose, so rank 0 holds more batches than it may run.
+        {"n_engines": 2, "epochs": epochs, "cnn_epochs": 5, "global_batch": 64, "n_files": 5},
         ["test_accuracy", "weights_accuracy", "live_epochs", "weights_identical", "reload_accuracy",
-         "checkpoint_accuracy", "naive"],
+         "checkpoint_accuracy", "naive", "cnn_identical", "cnn_losses", "cnn_val_accuracy",
+         "files_by_rank", "batches_by_rank", "files_in_rank_order", "files_identical", "files_losses",
+         "files_steps", "files_left"],
     )
     assert got["test_accuracy"] > 0.9
     assert abs(got["weights_accuracy"] - got["test_accuracy"]) < 0.05
     assert got["live_epochs"] == epochs
     assert got["weights_identical"] is True
     assert got["reload_accuracy"] == pytest.approx(got["checkpoint_accuracy"], abs=1e-6)
-    assert figures(got["_notebook"]) >= 2 and not errors(got["_notebook"])
+    # Conv2D + BatchNorm + Dropout: bit-identical weights and moving statistics on both ranks, and it learned.
+    assert got["cnn_identical"] is True
+    assert len(got["cnn_losses"]) == 5 and got["cnn_losses"][-1] < got["cnn_losses"][0] / 2
+    assert got["cnn_val_accuracy"] > 0.8
+    # Training from files: rank 0 got parts 0-2 and rank 1 parts 3-4, each file read once, in sorted
+    # order; both ranks ran as many steps as the rank with fewer batches; weights identical; it learned.
+    files_by_rank = got["files_by_rank"]
+    assert [[os.path.basename(f) for f in files] for files in files_by_rank] == [
+        [f"part-{i:05d}.npz" for i in range(3)], [f"part-{i:05d}.npz" for i in range(3, 5)]]
+    assert got["files_in_rank_order"] is True
+    rank0_batches, rank1_batches = got["batches_by_rank"]
+    assert rank0_batches > rank1_batches > 0
+    assert got["files_steps"] == [rank1_batches] * 5  # the section trains 5 epochs
+    assert got["files_identical"] is True
+    assert len(got["files_losses"]) == 5 and got["files_losses"][-1] < got["files_losses"][0] / 2
+    assert got["files_left"] is False  # the part files were removed
+    assert figures(got["_notebook"]) >= 4 and not errors(got["_notebook"])
 
 
 def test_04_scaling() -> None:
