@@ -1,4 +1,4 @@
-"""The ``mpinb`` command: ``mpinb demo``, ``mpinb info``, ``mpinb check``."""
+"""The ``mpinb`` command: ``mpinb demo``, ``mpinb info`` (and its multi-host pre-flight), ``mpinb check``."""
 
 from __future__ import annotations
 
@@ -22,10 +22,26 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", default="mpinb-demo", help="folder for figures and the JSON summary")
     check = sub.add_parser("check", help="a small collective self-check under mpiexec")
     check.add_argument("--np", type=int, default=2)
-    sub.add_parser("info", help="MPI library, mpiexec, a 2-rank check, TensorFlow/Keras versions")
+    info_parser = sub.add_parser(
+        "info",
+        help="versions, mpiexec and a 2-rank check; with --hosts/--hostfile/--slurm, a multi-host pre-flight",
+        description="Without options: versions, mpiexec and a 2-rank check on this machine. With --hosts or "
+        "--hostfile: a pre-flight for a multi-host start instead of the local check (each host reached "
+        "through the launcher, the controller address, MPI across the hosts); with --slurm: whether srun "
+        "starts MPI ranks that form one world. Every probe runs under --timeout seconds.",
+    )
+    info_parser.add_argument("--hosts", metavar="HOST[,HOST...]", help="hosts to check, as mpiexec will reach them")
+    info_parser.add_argument("--hostfile", metavar="FILE", help="the hostfile you pass to mpiexec (host:slots lines)")
+    info_parser.add_argument("--controller-ip", metavar="IP", help="the controller_ip you will pass to MPICluster")
+    info_parser.add_argument("--launcher-exec", default="ssh", metavar="PROGRAM",
+                             help="what mpiexec starts remote processes with (default ssh; mpiexec -launcher-exec)")
+    info_parser.add_argument("--np", type=int, dest="info_np", metavar="N",
+                             help="ranks for the check across the hosts (default: the slots, one per host without)")
+    info_parser.add_argument("--slurm", action="store_true", help="check that srun starts ranks of one MPI world")
+    info_parser.add_argument("--timeout", type=float, default=10.0, help="seconds per probe (default 10)")
     args = parser.parse_args(argv)
     if args.command == "info":
-        return info()
+        return info(args)
     if args.command == "check":
         return rank_check(args.np)
     return demo_main(args)
@@ -58,8 +74,8 @@ def rank_check(n: int, *, quiet: bool = False) -> int:
     return 0
 
 
-def info() -> int:
-    """Print what mpinb runs on and whether it works. Client."""
+def info(args: argparse.Namespace | None = None) -> int:
+    """Print what mpinb runs on and whether it works; with hosts or ``--slurm``, the pre-flight. Client."""
     from mpinb.client.launch import find_mpiexec
 
     rows: list[tuple[str, str]] = []
@@ -83,6 +99,8 @@ def info() -> int:
         print("\nTensorFlow is missing: `pip install 'mpinb[keras]'` for sharded Keras training.")
     if "missing" in mpiexec:
         return 2
+    if args is not None and (args.hosts or args.hostfile or args.controller_ip or args.slurm):
+        return _preflight(args)
     print("\n2-rank check:")
     return rank_check(2, quiet=True)
 
@@ -92,6 +110,69 @@ def demo_main(args: argparse.Namespace) -> int:
     from mpinb.client.demo import run_demo
 
     return run_demo(n=args.np, batch=args.batch, out=args.out)
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    """``mpinb info --hosts/--hostfile/--controller-ip/--slurm``: one line per finding, printed as
+    each probe ends; exit 1 when any failed, 2 on a usage error."""
+    import socket
+
+    from mpinb.client import preflight
+
+    try:
+        hosts = _hosts_from(args)
+    except (OSError, ValueError) as err:
+        print(f"mpinb: {err}", file=sys.stderr)
+        return 2
+    findings: list[preflight.Finding] = []
+
+    def report(new: list[preflight.Finding]) -> None:
+        findings.extend(new)
+        for finding in new:
+            print(f"  {finding}", flush=True)
+
+    if hosts or args.controller_ip:
+        names = [h for h, _ in hosts]
+        print("\nPre-flight" + (f" for {len(names)} host(s) through {args.launcher_exec}" if names else "")
+              + (f", controller address {args.controller_ip}" if args.controller_ip else "") + ":")
+    iface = None
+    if args.controller_ip:
+        here = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+        report([preflight.check_controller(args.controller_ip, remote=any(h not in here for h, _ in hosts))])
+        iface = preflight.local_addresses().get(args.controller_ip)
+    if hosts:
+        report(preflight.check_hosts([h for h, _ in hosts], launcher=args.launcher_exec,
+                                     controller_ip=args.controller_ip, timeout=args.timeout))
+        if all(f.ok for f in findings):
+            slots = [h if n is None else f"{h}:{n}" for h, n in hosts]
+            n = args.info_np or sum(n or 1 for _, n in hosts)
+            # mpiexec's proxies call back to it at this interface's address: the one the hosts
+            # were just seen to reach (without it, at this machine's hostname).
+            report([preflight.check_mpi_across(slots, n, launcher=args.launcher_exec, iface=iface,
+                                               timeout=max(30.0, 3 * args.timeout))])
+    if args.slurm:
+        print("\nSlurm:")
+        report(preflight.check_srun(timeout=args.timeout))
+    failed = [f for f in findings if not f.ok]
+    print(f"\n{len(findings) - len(failed)} of {len(findings)} pre-flight checks passed"
+          + (f"; failed: {', '.join(f.subject for f in failed)}." if failed else "."))
+    return 1 if failed else 0
+
+
+def _hosts_from(args: argparse.Namespace) -> list[tuple[str, int | None]]:
+    from mpinb.client.preflight import read_hostfile
+
+    hosts: list[tuple[str, int | None]] = []
+    if args.hostfile:
+        hosts += read_hostfile(args.hostfile)
+    if args.hosts:
+        for word in args.hosts.split(","):
+            name, _, count = word.strip().partition(":")
+            if name:
+                if count and not count.isdigit():
+                    raise ValueError(f"--hosts takes HOST or HOST:SLOTS, comma-separated; got {word!r}.")
+                hosts.append((name, int(count) if count else None))
+    return hosts
 
 
 def _mpi_library_version() -> str:

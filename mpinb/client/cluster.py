@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -115,6 +116,7 @@ class MPICluster:
         self.view: Any = None
         self._ids_by_rank: list[int] = []
         self._engine_pids: list[int] = []
+        self._local_engine_pids: list[int] = []  # those on this host: the only ones to signal
         self._owns_cluster = True
         self._watchdog: Watchdog | None = None  # only for a cluster this object started
         if start:
@@ -158,7 +160,7 @@ class MPICluster:
             self._watch_launchers()
             self.client = self.cluster.connect_client_sync()
             self._identify(self._wait_for_new_engines(set()))
-            self._watchdog.watch(self._engine_pids)
+            self._watchdog.watch(self._local_engine_pids)
             self._protect_files()
         except BaseException:
             self.stop()
@@ -275,7 +277,6 @@ class MPICluster:
         its own raw MPI call does not react: use :meth:`restart` then.
         """
         import signal as _signal
-        import socket
 
         here = socket.gethostname()
         if self._engine_pids and all(host == here for host in getattr(self, "_engine_hosts", [])):
@@ -385,6 +386,9 @@ class MPICluster:
             )
         self._ids_by_rank = [eid for eid, _ in sorted(by_eid.items(), key=lambda item: item[1]["rank"])]
         self._engine_pids = [by_eid[eid]["pid"] for eid in self._ids_by_rank]
+        # PIDs mean something only on their own host: these are the ones this machine may signal.
+        here = socket.gethostname()
+        self._local_engine_pids = [by_eid[eid]["pid"] for eid in self._ids_by_rank if by_eid[eid]["host"] == here]
         self._engine_hosts = [by_eid[eid]["host"] for eid in self._ids_by_rank]
         remember_ranks(self._ids_by_rank)
         self.view = self.client.direct_view(targets=self._ids_by_rank)
@@ -405,7 +409,7 @@ class MPICluster:
                 os.chmod(os.path.join(security, name), 0o600)
 
     def _tracked_pids(self) -> list[int]:
-        pids = list(self._engine_pids)
+        pids = list(self._local_engine_pids)
         if self.cluster is not None:
             launchers = [self.cluster.controller, *self.cluster.engines.values()]
             for launcher in launchers:
@@ -431,7 +435,7 @@ class MPICluster:
             if pid:
                 for child in [*descendants(pid), pid]:
                     kill(child)
-        for pid in self._engine_pids:
+        for pid in self._local_engine_pids:
             kill(pid)
 
 
