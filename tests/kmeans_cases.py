@@ -1,5 +1,6 @@
 """Data the k-means tests share, in one process and under MPI: overlapping blobs, a start that
-forces an empty cluster, and the cases compared with scikit-learn."""
+forces an empty cluster, duplicated points, callable inits, and the cases compared with
+scikit-learn."""
 
 from __future__ import annotations
 
@@ -31,3 +32,30 @@ def agreement_cases(n_blobs: int, n_empty: int) -> dict[str, Callable[[], tuple[
         "blobs": lambda: (blobs(n_blobs), blobs(n_blobs)[:6].copy()),
         "empty-cluster": lambda: forced_empty(n_empty),
     }
+
+
+def duplicates(repeat: int = 1) -> np.ndarray:
+    """scikit-learn issue 28055: four distinct points, one of them twice, each row ``repeat``
+    times. Started on its first five rows, one cluster is empty and cannot be relocated (every
+    point sits on its centre), so scikit-learn stops after one iteration."""
+    base = np.array([[0, 0], [1, 1], [1, 1], [1, 0], [0, 1]], dtype=np.float64)
+    return np.repeat(base, repeat, axis=0)
+
+
+def fixed_centres(X: np.ndarray, k: int) -> Callable[..., np.ndarray]:
+    """A callable ``init`` that ignores its arguments: the first ``k`` rows of the full ``X``."""
+    centres = X[:k].copy()
+
+    def init(X_local: np.ndarray, n_clusters: int, random_state: np.random.RandomState) -> np.ndarray:
+        return centres.copy()
+
+    return init
+
+
+def drawn_centres(low: float, high: float, d: int) -> Callable[..., np.ndarray]:
+    """A callable ``init`` drawing centres from ``random_state`` alone (uniform in a box)."""
+
+    def init(X_local: np.ndarray, n_clusters: int, random_state: np.random.RandomState) -> np.ndarray:
+        return random_state.uniform(low, high, size=(n_clusters, d))
+
+    return init

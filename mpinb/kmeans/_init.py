@@ -1,13 +1,15 @@
-"""Initial centres for distributed k-means: k-means++, k-means|| and random, by global row index."""
+"""Initial centres for distributed k-means: k-means++, k-means|| and random, by global row index,
+and a user's callable, checked to agree across ranks."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Callable
 
 import numpy as np
 
 from mpinb import _collective
-from mpinb.kmeans._lloyd import BLOCK_ELEMENTS, SUM_ELEMENTS, Shard, chunks, lloyd, sq_distances
+from mpinb.kmeans._lloyd import BLOCK_ELEMENTS, SUM_ELEMENTS, Shard, chunk_rows, chunks, lloyd, sq_distances
 from mpinb.interrupt import StopFlag
 
 __all__ = ["initial_centers", "resolve_random_state"]
@@ -35,6 +37,8 @@ def initial_centers(
     data: Shard, init: Any, k: int, rng: np.random.RandomState, stop: StopFlag | None
 ) -> np.ndarray:
     """Centred initial centres (k, n_features), identical on every rank. Collective."""
+    if callable(init):
+        return _from_callable(data, init, k, rng)
     if not isinstance(init, str):
         return np.asarray(init, dtype=data.out_dtype).astype(np.float64) - data.mean
     if init == "k-means++":
@@ -42,6 +46,80 @@ def initial_centers(
     if init == "random":
         return _random_rows(data, k, rng)
     return _kmeans_parallel(data, k, rng, stop)
+
+
+def _from_callable(data: Shard, init: Callable[..., Any], k: int, rng: np.random.RandomState) -> np.ndarray:
+    """``init(X_local, k, random_state=rng)`` on every rank, checked to agree. Collective.
+
+    Each rank passes a read-only view of its own shard (raw coordinates, as given) and the
+    generator every rank holds in the same state, as scikit-learn passes its ``RandomState``. An
+    exception or a malformed result on any rank is raised on every rank (one collective); then
+    one allgather compares digests of the centres and of the generator's state afterwards, so
+    centres that depend on which rows a rank holds raise :class:`CollectiveMismatchError` on
+    every rank instead of silently depending on the number of ranks.
+    """
+    from mpinb.errors import CollectiveMismatchError, raise_together
+
+    d = data.X.shape[1]
+    shard = data.X.view()
+    shard.flags.writeable = False
+    with raise_together(comm=data.comm):
+        centers = _callable_result(init(shard, k, random_state=rng), k, d).astype(data.out_dtype)
+    state = rng.get_state()
+    digests = (
+        hashlib.blake2b(np.ascontiguousarray(centers).tobytes(), digest_size=8).hexdigest(),
+        hashlib.blake2b(state[1].tobytes() + repr(state[2:]).encode(), digest_size=8).hexdigest(),
+    )
+    table = _collective.allgather(digests, comm=data.comm, name="KMeans.fit's init callable check")
+    for part, (what, fix) in enumerate(_CALLABLE_MISMATCH):
+        groups: dict[str, list[int]] = {}
+        for rank, row in enumerate(table):
+            groups.setdefault(row[part], []).append(rank)
+        if len(groups) > 1:
+            listing = " | ".join(", ".join(map(str, ranks)) for ranks in groups.values())
+            raise CollectiveMismatchError(
+                f"init(X_local, n_clusters, random_state) {what} on different ranks (ranks that "
+                f"agree: {listing}). A callable init is called on every rank with that rank's "
+                f"shard and the same random_state; {fix}"
+            )
+    return centers.astype(np.float64) - data.mean
+
+
+_CALLABLE_MISMATCH = (
+    (
+        "returned different centres",
+        "its centres must not depend on the rows of X_local: return fixed centres or draw them "
+        "from random_state only, or compute them beforehand and pass init as an array.",
+    ),
+    (
+        "left random_state in different states",
+        "it must draw the same random numbers on every rank (the number of draws must not "
+        "depend on X_local).",
+    ),
+)
+
+
+def _callable_result(result: Any, k: int, d: int) -> np.ndarray:
+    """The callable's centres as a float64 array of shape (k, d), or a clear local error."""
+    if hasattr(result, "toarray"):
+        result = result.toarray()
+    arr = np.asarray(result)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(
+            f"init(X_local, n_clusters, random_state) must return an array of real numbers of shape "
+            f"(n_clusters, n_features) = ({k}, {d}); got {type(result).__name__} with dtype {arr.dtype}."
+        )
+    if arr.shape != (k, d):
+        raise ValueError(
+            f"init(X_local, n_clusters, random_state) returned an array of shape {arr.shape}, but it "
+            f"must be (n_clusters, n_features) = ({k}, {d})."
+        )
+    arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all():
+        raise ValueError(
+            "init(X_local, n_clusters, random_state) returned NaN or infinity; it must return finite centres."
+        )
+    return arr
 
 
 def kmeans_plusplus(data: Shard, k: int, rng: np.random.RandomState, stop: StopFlag | None) -> np.ndarray:
@@ -147,7 +225,7 @@ def _kmeans_parallel(data: Shard, k: int, rng: np.random.RandomState, stop: Stop
             break
         key = int(rng.randint(0, 2**62, dtype=np.int64))
         picked = []
-        for s, e in chunks(data.n_local, max(256, SUM_ELEMENTS // max(d, 1))):
+        for s, e in chunks(data.n_local, chunk_rows(d)):
             u = _uniform_by_index(key, data.offset + s, data.offset + e)
             keep = np.flatnonzero(u * phi[0] < _OVERSAMPLING * k * data.weight_slice(s, e) * closest[s:e])
             if keep.size:
@@ -268,7 +346,9 @@ def _gather_pots(data: Shard, pots: np.ndarray, stop: StopFlag | None) -> np.nda
 def _min_distances(data: Shard, points: np.ndarray, visit: Callable[[int, int, np.ndarray], None]) -> None:
     """Call ``visit(s, e, dist)`` with the squared distances (len(points), e - s) of each chunk."""
     d = data.X.shape[1]
-    step = max(256, min(SUM_ELEMENTS // max(d, 1), BLOCK_ELEMENTS // max(points.shape[0], 1)))
+    # Both the centred copy of the chunk (d columns) and its distance block (one row per point)
+    # stay bounded.
+    step = min(chunk_rows(d), chunk_rows(points.shape[0], BLOCK_ELEMENTS))
     for s, e in chunks(data.n_local, step):
         xc = np.subtract(data.X[s:e], data.mean, dtype=np.float64)
         visit(s, e, sq_distances(xc, points))

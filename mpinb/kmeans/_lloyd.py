@@ -29,8 +29,13 @@ SUM_ELEMENTS = 1 << 16
 # Rows per chunk of the compiled assignment step: the (rows, k) GEMM output stays at about 128 KiB,
 # which measured faster than larger blocks (it is scanned again by the argmin kernel while cached).
 _JIT_BLOCK_ELEMENTS = 1 << 14
+# Most rows in one distance block, however few the clusters.
+_MAX_BLOCK_ROWS = 8192
 # Below this fraction of changed labels, the cluster sums are updated from the changed rows only.
 _INCREMENTAL_FRACTION = 0.2
+# euclidean() recomputes from differences the squared distances below this fraction of
+# |x'|^2 + |c'|^2, where the GEMM formula's cancellation dominates them.
+_REFINE_FRACTION = 2.0**-20
 # Stands in for unit weights in the compiled kernels (which take a flag instead of None).
 _NO_WEIGHTS = np.empty(0)
 
@@ -119,7 +124,7 @@ class Shard:
             unit = weights is None
             biggest[0] = jit.centred_stats(X, mean, _NO_WEIGHTS if unit else weights, not unit, stats)
         else:
-            for s, e in chunks(n, max(256, SUM_ELEMENTS // max(d, 1))):
+            for s, e in chunks(n, chunk_rows(d)):
                 xc = np.subtract(X[s:e], mean, dtype=np.float64)
                 sq = np.einsum("ij,ij->i", xc, xc)
                 stats[:d] += np.einsum("ij,ij->j", xc, xc)
@@ -215,6 +220,12 @@ def lloyd(
         new_centers = g_sums.copy()
         full = g_weights > 0
         new_centers[full] *= (1.0 / g_weights[full])[:, None]
+        if not full.all():
+            # Still empty after relocation (more clusters than distinct points, or a relocated
+            # point of zero weight): scikit-learn's _average_centers puts such a centre on the
+            # heaviest cluster's, not at the origin. So with duplicates it stops moving and the
+            # centre shift can reach 0 (scikit-learn issue 28055: stop after one iteration).
+            new_centers[~full] = new_centers[int(np.argmax(g_weights))]
         shift = float(np.sum((new_centers - centers) ** 2))
         centers = new_centers
         if hook is not None:
@@ -385,7 +396,7 @@ def _assign_compiled(
     """
     n = X.shape[0]
     k = c2.shape[0]
-    block = int(min(8192, max(256, _JIT_BLOCK_ELEMENTS // max(k, 1))))
+    block = chunk_rows(k, _JIT_BLOCK_ELEMENTS, maximum=_MAX_BLOCK_ROWS)
     c2t = np.ascontiguousarray(c2.T)
     buf = np.empty((min(block, max(n, 1)), k), dtype=c2.dtype)
     if track is None:
@@ -437,8 +448,7 @@ def _update_sums(
         sums[:] = 0.0
         weights[:] = 0.0
         members[:] = 0.0
-        step = max(1024, SUM_ELEMENTS // max(d, 1))
-        for s, e in chunks(data.n_local, step):
+        for s, e in chunks(data.n_local, chunk_rows(d, minimum=1024)):
             m = e - s
             ws = data.weight_slice(s, e)
             lab = labels[s:e]
@@ -448,8 +458,7 @@ def _update_sums(
             members += np.bincount(lab, minlength=k) if w is None else np.bincount(lab[ws > 0], minlength=k)
         return
     rows, old = changes.rows, changes.old
-    step = max(1024, SUM_ELEMENTS // max(d, 1))
-    for s, e in chunks(rows.size, step):
+    for s, e in chunks(rows.size, chunk_rows(d, minimum=1024)):
         idx = rows[s:e]
         m = e - s
         new_l, old_l = labels[idx], old[s:e]
@@ -484,7 +493,7 @@ def _relocate_empty(
     # Local candidates: the n_empty farthest rows from their assigned (old) centre.
     best_dist = np.empty(0)
     best_rows = np.empty(0, dtype=np.int64)
-    for s, e in chunks(n, max(256, SUM_ELEMENTS // max(d, 1))):
+    for s, e in chunks(n, chunk_rows(d)):
         diff = np.subtract(X[s:e], mean, dtype=np.float64)
         diff -= centers[labels[s:e]]
         dist = np.einsum("ij,ij->i", diff, diff)
@@ -517,7 +526,7 @@ def local_inertia(X: np.ndarray, weights: np.ndarray | None, centers: np.ndarray
     """Local weighted sum of squared distances to the assigned centres (raw coordinates)."""
     total = 0.0
     d = X.shape[1]
-    for s, e in chunks(X.shape[0], max(256, SUM_ELEMENTS // max(d, 1))):
+    for s, e in chunks(X.shape[0], chunk_rows(d)):
         diff = np.subtract(X[s:e], centers[labels[s:e]], dtype=np.float64)
         sq = np.einsum("ij,ij->i", diff, diff)
         total += float(sq.sum() if weights is None else sq @ weights[s:e])
@@ -537,9 +546,51 @@ def sq_distances(xc: np.ndarray, cc: np.ndarray) -> np.ndarray:
     return np.maximum(dist, 0.0, out=dist)
 
 
+def euclidean(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """Euclidean distances (len(X), len(centers)) of raw rows to raw centres, in chunks. Local.
+
+    First as :func:`sq_distances` (``|x'|^2 - 2 x'.c' + |c'|^2`` centred on the centres' mean,
+    one GEMM per chunk). Where that value is below ``2**-20 (|x'|^2 + max |c'|^2)`` the
+    cancellation leaves round-off comparable to it, so those entries are recomputed from the
+    differences: a row equal to a centre is at distance exactly 0, and close pairs keep their
+    relative accuracy (elsewhere the relative error of a squared distance stays below about
+    ``(d + 2) 2**-31``). Only :meth:`KMeans.transform` pays for this, at about the cost of the
+    former clipping pass; the assignment step of the fit keeps its single GEMM.
+    """
+    n = X.shape[0]
+    k, d = centers.shape
+    mean = centers.mean(axis=0)
+    cc = centers - mean
+    c2t = np.ascontiguousarray(-2.0 * cc.T)  # times -2 is exact: the same round-off as sq_distances
+    c_sq = np.einsum("ij,ij->i", cc, cc)
+    c_sq_max = float(c_sq.max())
+    out = np.empty((n, k))
+    block_rows = rows_per_block(k)
+    near = np.empty((min(block_rows, n), k), dtype=bool)
+    for s, e in chunks(n, block_rows):
+        xc = np.subtract(X[s:e], mean, dtype=np.float64)
+        x_sq = np.einsum("ij,ij->i", xc, xc)
+        block, close = out[s:e], near[: e - s]
+        np.dot(xc, c2t, out=block)
+        block += x_sq[:, None]
+        block += c_sq[None, :]
+        # One threshold per row, from the largest centre norm: a superset of the entries below
+        # 2**-20 (|x'|^2 + |c'|^2), and negative round-off falls below it too (no clipping).
+        x_sq += c_sq_max
+        x_sq *= _REFINE_FRACTION
+        np.less_equal(block, x_sq[:, None], out=close)
+        if not close.any():
+            continue
+        rows, cols = np.nonzero(close)
+        for a, b in chunks(rows.size, chunk_rows(d)):
+            diff = np.subtract(X[s + rows[a:b]], centers[cols[a:b]], dtype=np.float64)
+            block[rows[a:b], cols[a:b]] = np.einsum("ij,ij->i", diff, diff)
+    return np.sqrt(out, out=out)
+
+
 def max_sq_norm(X: np.ndarray, mean: np.ndarray) -> float:
     biggest = 0.0
-    for s, e in chunks(X.shape[0], max(256, SUM_ELEMENTS // max(X.shape[1], 1))):
+    for s, e in chunks(X.shape[0], chunk_rows(X.shape[1])):
         xc = np.subtract(X[s:e], mean, dtype=np.float64)
         biggest = max(biggest, float(np.einsum("ij,ij->i", xc, xc).max(initial=0.0)))
     return biggest
@@ -553,8 +604,19 @@ def _count(labels: np.ndarray, k: int) -> np.ndarray:
     return counts
 
 
+def chunk_rows(
+    width: int, elements: int = SUM_ELEMENTS, *, minimum: int = 256, maximum: int | None = None
+) -> int:
+    """Rows per chunk of a pass whose per-chunk buffer holds ``width`` values per row: about
+    ``elements`` values in all, but at least ``minimum`` rows (so a very wide row does not make
+    the per-chunk Python overhead dominate) and at most ``maximum`` rows. Local."""
+    rows = max(minimum, elements // max(width, 1))
+    return int(rows if maximum is None else min(maximum, rows))
+
+
 def rows_per_block(k: int) -> int:
-    return int(min(8192, max(256, BLOCK_ELEMENTS // max(k, 1))))
+    """Rows per chunk of a (k, rows) distance block. Local."""
+    return chunk_rows(k, BLOCK_ELEMENTS, maximum=_MAX_BLOCK_ROWS)
 
 
 def chunks(n: int, step: int):

@@ -4,6 +4,7 @@ of ranks, collective errors, empty shards, interrupts and the one-Allreduce-per-
 from __future__ import annotations
 
 import signal
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from mpi4py import MPI
 from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 from sklearn.cluster import KMeans as SkKMeans
+from sklearn.exceptions import ConvergenceWarning
 
 import mpinb
 from mpinb import CollectiveMismatchError, KMeans
@@ -110,6 +112,118 @@ def test_score_is_collective_and_predict_local():
     assert_same_everywhere(score)
     assert_everywhere(score == pytest.approx(-km.inertia_, rel=1e-12), "score")
     assert_everywhere(np.array_equal(km.predict(local(X)), km.labels_), "predict")
+
+
+# ---------------------------------------------------------------------------------------------
+# A callable init: called on every rank with its own shard, checked to agree
+
+
+def test_callable_init_with_fixed_centres():
+    X = blobs()
+    ours = KMeans(6, init=kmeans_cases.fixed_centres(X, 6), n_init=1).fit(local(X))
+    assert_matches(ours, SkKMeans(6, init=X[:6], n_init=1, algorithm="lloyd").fit(X), X)
+
+
+def test_callable_init_from_random_state_is_independent_of_the_number_of_ranks():
+    X = blobs(400, 4, 8, 2.5, seed=5)
+    drawn = kmeans_cases.drawn_centres(-10.0, 10.0, 4)
+    draws = []
+
+    def init(X_local, n_clusters, random_state):
+        draws.append(isinstance(random_state, np.random.RandomState))
+        return drawn(X_local, n_clusters, random_state)
+
+    ref = KMeans(8, init=drawn, random_state=4, comm=MPI.COMM_SELF).fit(X)
+    ours = KMeans(8, init=init, random_state=4).fit(local(X))
+    assert_everywhere(draws == [True] * 10, f"n_init='auto' ran the callable {len(draws)} times")
+    assert_matches(ours, ref, X)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_callable_init_that_picks_rows_of_its_shard():
+    X = blobs()
+    with raises_everywhere(
+        CollectiveMismatchError,
+        match=r"^init\(X_local, n_clusters, random_state\) returned different centres on different ranks "
+        r"\(ranks that agree: 0 \| 1\b.*must not depend on the rows of X_local",
+    ):
+        KMeans(6, init=lambda X_local, k, random_state: X_local[:k]).fit(local(X))
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_callable_init_whose_draws_depend_on_the_shard():
+    X = blobs()
+
+    def init(X_local, k, random_state):
+        random_state.random_sample(1 + (RANK == SIZE - 1))
+        return X[:k].copy()
+
+    with raises_everywhere(
+        CollectiveMismatchError,
+        match=rf"left random_state in different states on different ranks \(ranks that agree: "
+        rf"{', '.join(map(str, range(SIZE - 1)))} \| {SIZE - 1}\)",
+    ):
+        KMeans(6, init=init, n_init=1).fit(local(X))
+
+
+def test_callable_init_raising_on_one_rank():
+    X = blobs()
+    where = "on the only rank" if SIZE == 1 else f"on rank {SIZE - 1} of {SIZE}"
+
+    def init(X_local, k, random_state):
+        if RANK == SIZE - 1:
+            raise RuntimeError("no centres on this rank")
+        return X[:k].copy()
+
+    with raises_everywhere(RuntimeError, match=rf"^no centres on this rank \[{where}\]$"):
+        KMeans(6, init=init).fit(local(X))
+
+
+def test_callable_init_of_wrong_shape_on_one_rank():
+    X = blobs()
+
+    def init(X_local, k, random_state):
+        return X[: k + (RANK == SIZE - 1)].copy()
+
+    message = r"returned an array of shape \(7, 5\), but it must be \(n_clusters, n_features\) = \(6, 5\)"
+    with raises_everywhere(ValueError, match=message):
+        KMeans(6, init=init).fit(local(X))
+
+
+# ---------------------------------------------------------------------------------------------
+# transform and more clusters than distinct points
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_transform_of_centres_has_zero_diagonal(seed):
+    X = blobs(250, 5, 4, 1.0)
+    km = KMeans(8, random_state=seed).fit(local(X))
+    Xt = km.transform(km.cluster_centers_)
+    assert_everywhere(np.array_equal(Xt.diagonal(), np.zeros(8)), f"zero diagonal {Xt.diagonal()}")
+    exact = np.sqrt(((km.cluster_centers_[:, None] - km.cluster_centers_[None]) ** 2).sum(-1))
+    assert_everywhere(np.allclose(Xt, exact, rtol=1e-12, atol=0), "pairwise distances")
+
+
+@pytest.mark.parametrize("repeat", [1, 30])
+def test_relocating_with_duplicates_stops_after_one_iteration(repeat):
+    """scikit-learn issue 28055, with the rows spread over the ranks (some may hold none)."""
+    X = kmeans_cases.duplicates(repeat * SIZE)
+    init = kmeans_cases.duplicates(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ref = SkKMeans(5, init=init, n_init=1, algorithm="lloyd").fit(X)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = KMeans(5, init=init).fit(local(X))
+    message = "Number of distinct clusters (4) found smaller than n_clusters (5)"
+    assert_everywhere(
+        any(w.category is ConvergenceWarning and message in str(w.message) for w in caught), "warning"
+    )
+    assert_everywhere(ours.n_iter_ == ref.n_iter_ == 1, f"n_iter_ {ours.n_iter_}")
+    assert_everywhere(np.array_equal(ours.labels_, local(ref.labels_)), "labels")
+    assert_everywhere(np.abs(ours.cluster_centers_ - ref.cluster_centers_).max() <= 1e-13, "centres")
+    assert_everywhere(ours.inertia_ <= 1e-25, f"inertia {ours.inertia_}")
+    assert_same_everywhere(ours.cluster_centers_)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import tracemalloc
+import warnings
 
 import kmeans_cases
 import numpy as np
@@ -13,12 +14,14 @@ from mpi4py import MPI
 from sklearn.base import clone
 from sklearn.cluster import KMeans as SkKMeans
 from sklearn.datasets import load_digits, load_iris, make_blobs
-from sklearn.exceptions import NotFittedError
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
+from sklearn.metrics import pairwise_distances
 
 import mpinb
 import mpinb.kmeans._lloyd as lloyd_module
 from mpinb import KMeans
 from mpinb.kmeans._kernels import kernels
+from mpinb.kmeans._lloyd import chunk_rows
 
 SELF = MPI.COMM_SELF
 
@@ -119,7 +122,8 @@ def test_refit_is_deterministic_with_fixed_seed():
 BAD_PARAMS = [
     ({"n_clusters": 0}, ValueError, r"^n_clusters must be a positive integer; got 0\. \[on the only rank\]$"),
     ({"n_clusters": 2.5}, TypeError, r"n_clusters must be a positive integer; got 2\.5"),
-    ({"init": "kmeans++"}, ValueError, r"init must be 'k-means\+\+', 'k-means\|\|', 'random' or an array .* got 'kmeans\+\+'"),
+    ({"init": "kmeans++"}, ValueError,
+     r"init must be 'k-means\+\+', 'k-means\|\|', 'random', an array .* or a callable; got 'kmeans\+\+'"),
     ({"init": np.zeros((2, 4))}, ValueError, r"init has shape \(2, 4\), but it must be \(n_clusters, n_features\) = \(3, 4\)"),
     ({"init": np.full((3, 4), np.nan)}, ValueError, r"init contains NaN or infinity"),
     ({"n_init": 0}, ValueError, r"n_init must be 'auto' or a positive integer; got 0"),
@@ -326,6 +330,196 @@ def test_memory_beyond_the_data_is_small():
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         assert peak <= 0.10 * X.nbytes + 2 * 2**20, (init if isinstance(init, str) else "array", peak / X.nbytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# A callable init
+
+
+def test_callable_init_is_called_like_sklearn_on_the_shard():
+    X = blobs()
+    calls = []
+
+    def init(X_local, n_clusters, random_state):
+        calls.append((X_local, n_clusters, random_state))
+        return X[:6] * 1.0
+
+    km = KMeans(6, init=init, random_state=3, comm=SELF).fit(X)
+    # n_init="auto" runs a callable 10 times, as scikit-learn does, with one RandomState.
+    assert len(calls) == 10
+    X_seen, k, rng = calls[0]
+    assert k == 6 and isinstance(rng, np.random.RandomState)
+    assert all(c[2] is rng for c in calls)
+    # The data as given (not centred), read-only so the callable cannot corrupt the fit.
+    np.testing.assert_array_equal(X_seen, X)
+    assert not X_seen.flags.writeable
+    # Fixed centres start exactly there: the same fit as the same array.
+    assert_agrees(km, KMeans(6, init=X[:6], comm=SELF).fit(X), rtol=0)
+    assert_agrees(km, SkKMeans(6, init=X[:6], n_init=1, algorithm="lloyd").fit(X))
+
+
+def test_callable_init_from_rows_matches_sklearn():
+    """A callable that picks rows of X is translation-equivariant, so scikit-learn's centred X
+    and mpinb's raw X give the same start; the RandomState draws are the same, run after run."""
+    X = blobs()
+
+    def init(X_local, n_clusters, random_state):
+        return X_local[random_state.permutation(len(X_local))[:n_clusters]]
+
+    theirs = SkKMeans(6, init=init, n_init=4, random_state=9, algorithm="lloyd").fit(X)
+    ours = KMeans(6, init=init, n_init=4, random_state=9, comm=SELF).fit(X)
+    assert_agrees(ours, theirs)
+
+
+def test_callable_init_float32():
+    X = blobs().astype(np.float32)
+    km = KMeans(6, init=kmeans_cases.fixed_centres(X, 6), comm=SELF).fit(X)
+    assert km.cluster_centers_.dtype == np.float32
+    assert_agrees(km, KMeans(6, init=X[:6], comm=SELF).fit(X), rtol=0)
+
+
+BAD_CALLABLES = [
+    (lambda X, k, random_state: np.zeros((k + 1, 5)), ValueError,
+     r"^init\(X_local, n_clusters, random_state\) returned an array of shape \(7, 5\), but it must be "
+     r"\(n_clusters, n_features\) = \(6, 5\)\. \[on the only rank\]$"),
+    (lambda X, k, random_state: np.zeros(5), ValueError, r"returned an array of shape \(5,\)"),
+    (lambda X, k, random_state: None, TypeError,
+     r"init\(X_local, n_clusters, random_state\) must return an array of real numbers .* got NoneType"),
+    (lambda X, k, random_state: np.full((k, 5), np.nan), ValueError, r"returned NaN or infinity"),
+    (lambda X, k, random_state: X.__setitem__((0, 0), 1.0), ValueError, r"read-only"),
+]
+
+
+@pytest.mark.parametrize("init, exc, message", BAD_CALLABLES)
+def test_bad_callable_init(init, exc, message):
+    X = blobs()
+    before = X.copy()
+    with pytest.raises(exc, match=message):
+        KMeans(6, init=init, comm=SELF).fit(X)
+    np.testing.assert_array_equal(X, before)
+
+
+def test_callable_init_exception_is_raised():
+    def init(X, k, random_state):
+        raise KeyError("no centres here")
+
+    with pytest.raises(KeyError, match=r"no centres here.*\[on the only rank\]"):
+        KMeans(6, init=init, comm=SELF).fit(blobs())
+
+
+# ---------------------------------------------------------------------------------------------
+# transform
+
+
+def direct_distances(X, centers):
+    return np.sqrt(((X[:, None, :].astype(np.float64) - centers[None].astype(np.float64)) ** 2).sum(-1))
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e6])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_transform_of_centres_has_zero_diagonal(offset, dtype):
+    """scikit-learn's test_transform: the GEMM formula alone leaves ~1e-7 on the diagonal."""
+    X = (blobs(1000, 5, 4, 1.0, seed=0) + offset).astype(dtype)
+    for seed in range(5):
+        km = KMeans(8, random_state=seed, comm=SELF).fit(X)
+        Xt = km.transform(km.cluster_centers_)
+        np.testing.assert_array_equal(Xt.diagonal(), np.zeros(8))
+        # Far from the origin scikit-learn's uncentred euclidean_distances is the inaccurate one.
+        reference = direct_distances(km.cluster_centers_, km.cluster_centers_)
+        np.testing.assert_allclose(Xt, reference, rtol=1e-7 if offset else 1e-12)
+        np.testing.assert_allclose(km.transform(X[:300]), direct_distances(X[:300], km.cluster_centers_),
+                                   rtol=1e-7 if offset else 1e-10)
+        if not offset:
+            np.testing.assert_allclose(Xt, pairwise_distances(km.cluster_centers_.astype(np.float64)))
+
+
+def test_transform_is_accurate_near_a_centre():
+    X = blobs(1000, 5, 4, 1.0, seed=1)
+    km = KMeans(4, random_state=0, comm=SELF).fit(X)
+    steps = np.geomspace(1e-12, 1e-2, 11)
+    near = km.cluster_centers_[0] + steps[:, None] * np.array([1.0, -1.0, 0.5, 0.0, 2.0])
+    np.testing.assert_allclose(km.transform(near), direct_distances(near, km.cluster_centers_), rtol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# More clusters than distinct points
+
+
+@pytest.mark.parametrize("repeat", [1, 40])
+def test_relocating_with_duplicates_stops_after_one_iteration(repeat, kernel_path):
+    """scikit-learn issue 28055: the empty cluster cannot be relocated, so its centre joins the
+    heaviest cluster's, nothing moves, and Lloyd stops after one iteration."""
+    X = kmeans_cases.duplicates(repeat)
+    init = kmeans_cases.duplicates(1)
+    message = r"Number of distinct clusters \(4\) found smaller than n_clusters \(5\)"
+    with pytest.warns(ConvergenceWarning, match=message):
+        ours = KMeans(5, init=init, comm=SELF).fit(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        theirs = SkKMeans(5, init=init, n_init=1, algorithm="lloyd").fit(X)
+    assert ours.n_iter_ == theirs.n_iter_ == 1
+    assert_agrees(ours, theirs)
+    np.testing.assert_array_equal(ours.cluster_centers_[2], [1.0, 1.0])
+
+
+@pytest.mark.parametrize("init", ["k-means++", "random"])
+def test_more_clusters_than_distinct_points_matches_sklearn(init):
+    rng = np.random.default_rng(0)
+    X = np.repeat(rng.normal(size=(4, 3)), 10, axis=0)[rng.permutation(40)]
+    for seed in range(4):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            theirs = SkKMeans(6, init=init, n_init=2, random_state=seed, algorithm="lloyd").fit(X)
+            ours = KMeans(6, init=init, n_init=2, random_state=seed, comm=SELF).fit(X)
+        assert_agrees(ours, theirs, rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# scikit-learn's own tests, run on mpinb.KMeans
+
+
+class SklearnShaped(KMeans):
+    """mpinb.KMeans with scikit-learn's constructor for its tests: ``algorithm`` is accepted and
+    ignored (mpinb runs Lloyd), and the fit runs on one process."""
+
+    def __init__(self, n_clusters=8, *, init="k-means++", n_init="auto", max_iter=300, tol=1e-4,
+                 random_state=None, algorithm="lloyd"):
+        super().__init__(n_clusters, init=init, n_init=n_init, max_iter=max_iter, tol=tol,
+                         random_state=random_state, comm=SELF)
+        self.algorithm = algorithm
+
+
+@pytest.fixture
+def sklearn_tests(monkeypatch):
+    module = pytest.importorskip("sklearn.cluster.tests.test_k_means")
+    monkeypatch.setattr(module, "KMeans", SklearnShaped)
+    return module
+
+
+@pytest.mark.parametrize("init", ["random", "k-means++", "ndarray", "callable"])
+def test_sklearn_all_init(sklearn_tests, init):
+    # Dense data only: mpinb does not take sparse input.
+    inits = {"random": "random", "k-means++": "k-means++", "ndarray": sklearn_tests.centers.copy(),
+             "callable": lambda X, k, random_state: sklearn_tests.centers.copy()}
+    sklearn_tests.test_all_init(SklearnShaped, sklearn_tests.X, inits[init])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 42])
+def test_sklearn_transform(sklearn_tests, seed):
+    sklearn_tests.test_transform(SklearnShaped, seed)
+
+
+@pytest.mark.parametrize("algorithm", ["lloyd", "elkan"])
+def test_sklearn_relocating_with_duplicates(sklearn_tests, algorithm):
+    sklearn_tests.test_relocating_with_duplicates(algorithm, np.asarray)
+
+
+def test_chunk_rows():
+    assert chunk_rows(16) == (1 << 16) // 16
+    assert chunk_rows(0) == 1 << 16
+    assert chunk_rows(10**6) == 256
+    assert chunk_rows(10**6, minimum=1024) == 1024
+    assert chunk_rows(1, 1 << 14, maximum=8192) == 8192
 
 
 def test_lazy_export():
