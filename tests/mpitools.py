@@ -15,6 +15,29 @@ def world():
     return MPI.COMM_WORLD
 
 
+# Rank-aware reporting, shared by the conftests of tests run under mpiexec (they import these two
+# hooks): rank 0 reports progress for the whole world; the other ranks stay quiet except for
+# failures, which they print themselves, so a failure seen only on rank 3 is still explained.
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if world().Get_rank() > 0:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            session.config.pluginmanager.unregister(reporter)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    rank, size = world().Get_rank(), world().Get_size()
+    if rank > 0 and report.failed:
+        import sys
+
+        sys.stderr.write(f"\n[rank {rank}/{size}] FAILED {report.nodeid} ({report.when})\n")
+        sys.stderr.write(f"{report.longreprtext}\n")
+        sys.stderr.flush()
+
+
 def all_true(ok: bool, comm: Any = None) -> bool:
     """Whether ``ok`` holds on every rank; every rank gets the same answer, so tests pass or fail
     together instead of leaving one rank in a collective."""

@@ -5,33 +5,15 @@ Only rank 0 prints progress; failures print on every rank.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 from mpi4py import MPI
+from mpitools import pytest_runtest_logreport, pytest_sessionstart  # noqa: F401 - shared rank-aware reporting
 
 COMM = MPI.COMM_WORLD
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "mpi_sizes(*sizes): run only when the world has one of these sizes")
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    # Rank 0 reports progress for the whole world; the other ranks stay quiet except for failures,
-    # which they print themselves (below) so a failure seen only on rank 3 is still explained.
-    if COMM.Get_rank() > 0:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            session.config.pluginmanager.unregister(reporter)
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if COMM.Get_rank() > 0 and report.failed:
-        sys.stderr.write(f"\n[rank {COMM.Get_rank()}/{COMM.Get_size()}] FAILED {report.nodeid} ({report.when})\n")
-        sys.stderr.write(f"{report.longreprtext}\n")
-        sys.stderr.flush()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
