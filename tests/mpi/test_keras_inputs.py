@@ -100,6 +100,7 @@ def test_uneven_pipelines_run_the_fewest_batches_on_every_rank(shard):
     assert len(counter) == 30
 
 
+@pytest.mark.mpi_sizes(1, 2)  # an error path: every rank raises alike at 2 ranks already; 4 costs suite time
 def test_an_infinite_pipeline_needs_steps_per_epoch(shard):
     Xl, yl = shard
     data = tf.data.Dataset.from_tensor_slices((Xl, yl)).batch(PER_RANK).repeat()
@@ -110,12 +111,14 @@ def test_an_infinite_pipeline_needs_steps_per_epoch(shard):
     assert history["steps"] == [5, 5]
 
 
+@pytest.mark.mpi_sizes(1, 2)  # an error path: every rank raises alike at 2 ranks already; 4 costs suite time
 def test_a_generator_without_steps_per_epoch_fails_on_every_rank(shard):
     Xl, yl = shard
     with raises_everywhere(ValueError, match="x is a generator of unknown or infinite length"):
         mk.fit(model(4), generator(Xl, yl, PER_RANK), epochs=1, verbose=0)
 
 
+@pytest.mark.mpi_sizes(1, 2)  # an error path: every rank raises alike at 2 ranks already; 4 costs suite time
 def test_steps_per_epoch_above_what_one_rank_has_fails_on_every_rank(shard):
     Xl, yl = shard
     data = tf.data.Dataset.from_tensor_slices((Xl, yl)).batch(PER_RANK).take(4 if RANK == SIZE - 1 else 8)
@@ -123,6 +126,7 @@ def test_steps_per_epoch_above_what_one_rank_has_fails_on_every_rank(shard):
         mk.fit(model(5), data, epochs=1, steps_per_epoch=6, verbose=0)
 
 
+@pytest.mark.mpi_sizes(1, 2)  # an error path: every rank raises alike at 2 ranks already; 4 costs suite time
 @pytest.mark.parametrize("kwargs, match", [
     ({"batch_size": 64}, "batch_size must be omitted when x is a tf.data.Dataset"),
     ({"y": np.zeros(3)}, "y must be None when x is a tf.data.Dataset"),
@@ -153,6 +157,7 @@ def test_accumulating_n_steps_equals_one_step_on_an_n_times_larger_batch(shard, 
         assert m.optimizer._mpinb_exchange.calls == 2 * 24 // n  # n-fold fewer exchanges
 
 
+@pytest.mark.mpi_sizes(1, 2)  # an error path: every rank raises alike at 2 ranks already; 4 costs suite time
 def test_accumulate_steps_must_divide_the_steps(shard):
     Xl, yl = shard
     with raises_everywhere(ValueError, match=r"accumulate_steps=5 must divide the 24 steps per epoch"):
