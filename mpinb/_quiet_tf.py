@@ -10,15 +10,14 @@ lines and absl's notice about them is written back to stderr.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import re
 import sys
 import tempfile
-
-import importlib.abc
-import importlib.machinery
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["import_tensorflow", "quiet_future_import"]

@@ -20,15 +20,15 @@ def remember_ranks(ids_by_rank: list[int]) -> None:
     _rank_of_engine.update({eid: rank for rank, eid in enumerate(ids_by_rank)})
 
 
-def rank_ranges(ranks: list[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+def rank_ranges(ranks: list[int], sep: str = ", ") -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (``sep`` between the runs)."""
     runs: list[list[int]] = []
     for r in sorted(ranks):
         if runs and r == runs[-1][1] + 1:
             runs[-1][1] = r
         else:
             runs.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def install() -> None:

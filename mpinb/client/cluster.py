@@ -116,7 +116,7 @@ class MPICluster:
         self.view: Any = None
         self._ids_by_rank: list[int] = []
         self._engine_pids: list[int] = []
-        self._local_engine_pids: list[int] = []  # those on this host: the only ones to signal
+        self._engine_hosts: list[str] = []
         self._owns_cluster = True
         self._watchdog: Watchdog | None = None  # only for a cluster this object started
         if start:
@@ -278,9 +278,9 @@ class MPICluster:
         """
         import signal as _signal
 
-        here = socket.gethostname()
-        if self._engine_pids and all(host == here for host in getattr(self, "_engine_hosts", [])):
-            for pid in self._engine_pids:
+        local = self._local_engine_pids
+        if local and len(local) == len(self._engine_pids):
+            for pid in local:
                 os.kill(pid, _signal.SIGINT)
         elif self.cluster is not None:  # engines on other hosts: ask their launcher
             self.cluster.signal_engines_sync(_signal.SIGINT)
@@ -386,9 +386,6 @@ class MPICluster:
             )
         self._ids_by_rank = [eid for eid, _ in sorted(by_eid.items(), key=lambda item: item[1]["rank"])]
         self._engine_pids = [by_eid[eid]["pid"] for eid in self._ids_by_rank]
-        # PIDs mean something only on their own host: these are the ones this machine may signal.
-        here = socket.gethostname()
-        self._local_engine_pids = [by_eid[eid]["pid"] for eid in self._ids_by_rank if by_eid[eid]["host"] == here]
         self._engine_hosts = [by_eid[eid]["host"] for eid in self._ids_by_rank]
         remember_ranks(self._ids_by_rank)
         self.view = self.client.direct_view(targets=self._ids_by_rank)
@@ -418,6 +415,13 @@ class MPICluster:
                     pids.append(pid)
                     pids.extend(descendants(pid))
         return sorted(set(pids))
+
+    @property
+    def _local_engine_pids(self) -> list[int]:
+        """Engine PIDs on this host: a PID means something only on its own host, so these are the
+        only ones this machine may signal."""
+        here = socket.gethostname()
+        return [pid for pid, host in zip(self._engine_pids, self._engine_hosts) if host == here]
 
     def _watch_launchers(self) -> None:
         """Give the watchdog the controller's and mpiexec's PIDs (it ends their trees too)."""

@@ -36,8 +36,8 @@ def run_demo(n: int = 4, *, batch: bool = False, out: str | Path = "mpinb-demo",
 
 
 def _run_cluster(n: int, epochs: int) -> dict[str, Any]:
-    from mpinb.jobs.demo import run
     from mpinb.client.cluster import MPICluster
+    from mpinb.jobs.demo import run
 
     with MPICluster(n=n) as cluster:
         started = time.perf_counter()

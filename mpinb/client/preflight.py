@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mpinb.client._tracebacks import rank_ranges
+
 __all__ = [
     "Finding",
     "check_controller",
@@ -376,15 +378,9 @@ def _mpi_finding(subject: str, n: int, out: str, code: int | None, seconds: floa
     by_host: dict[str, list[int]] = {}
     for rank in sorted(placed):
         by_host.setdefault(placed[rank], []).append(rank)
-    where = ", ".join(f"{host}: rank{'s' if len(r) > 1 else ''} {_ranges(r)}" for host, r in by_host.items())
+    where = ", ".join(f"{host}: rank{'s' if len(r) > 1 else ''} {rank_ranges(r, sep=',')}" for host, r in by_host.items())
     return Finding(subject, True, f"one world of {n} ({where}); allreduce and rank-ordered gather correct; "
                    f"{seconds:.1f} s.")
-
-
-def _ranges(ranks: list[int]) -> str:
-    if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ",".join(map(str, ranks))
 
 
 def _one_line(text: str) -> str:

@@ -322,7 +322,7 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: _FitSetting
     applied[BroadcastInitialState].broadcast(model)
 
     loop = _FitLoop(
-        comm=comm, strategy=strategy, average_every=average_every, steps=steps, per_rank=per_rank,
+        comm=comm, strategy=strategy, average_every=average_every,
         validation_data=validation_data, eval_batch=max(per_rank or 0, 32), epochs=epochs,
         metrics=applied[MetricAverage],
     )
@@ -464,8 +464,8 @@ class _FitLoop(keras.callbacks.Callback):
     through ``recorder`` (after SyncNonTrainable and MetricAverage), exact validation, the history
     dict and live progress."""
 
-    def __init__(self, *, comm: Any, strategy: str, average_every: int, steps: int, per_rank: int,
-                 validation_data: Any, eval_batch: int, epochs: int, metrics: MetricAverage) -> None:
+    def __init__(self, *, comm: Any, strategy: str, average_every: int, validation_data: Any, eval_batch: int,
+                 epochs: int, metrics: MetricAverage) -> None:
         super().__init__()
         self.metrics = metrics
         self.recorder = keras.callbacks.LambdaCallback(on_epoch_end=self._record)
@@ -476,7 +476,6 @@ class _FitLoop(keras.callbacks.Callback):
         self.comm = comm
         self.strategy = strategy
         self.average_every = average_every
-        self.steps = steps
         self.validation_data = validation_data
         self.eval_batch = eval_batch
         self.history: dict[str, Any] = {"epoch": [], "steps": [], "rank_loss": [], "compute_seconds": [],

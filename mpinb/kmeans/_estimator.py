@@ -13,6 +13,8 @@ from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from mpinb import _collective
+from mpinb.errors import _check_int, _is_int, _resolve, check_same, raise_together
+from mpinb.interrupt import StopFlag
 from mpinb.kmeans._lloyd import (
     Run,
     Shard,
@@ -25,8 +27,6 @@ from mpinb.kmeans._lloyd import (
     max_sq_norm,
     same_clustering,
 )
-from mpinb.errors import _check_int, _is_int, _resolve, check_same, raise_together
-from mpinb.interrupt import StopFlag
 from mpinb.live import Progress
 
 __all__ = ["KMeans"]

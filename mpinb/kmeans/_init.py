@@ -9,8 +9,8 @@ from typing import Any, Callable
 import numpy as np
 
 from mpinb import _collective
-from mpinb.kmeans._lloyd import BLOCK_ELEMENTS, SUM_ELEMENTS, Shard, chunk_rows, chunks, lloyd, sq_distances
 from mpinb.interrupt import StopFlag
+from mpinb.kmeans._lloyd import BLOCK_ELEMENTS, SUM_ELEMENTS, Shard, chunk_rows, chunks, lloyd, sq_distances
 
 __all__ = ["initial_centers", "resolve_random_state"]
 

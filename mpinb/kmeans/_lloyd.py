@@ -14,8 +14,8 @@ from typing import Any, Callable
 import numpy as np
 
 from mpinb import _collective
-from mpinb.kmeans._kernels import kernels
 from mpinb.interrupt import StopFlag
+from mpinb.kmeans._kernels import kernels
 
 # The assignment step packs each cluster index into the low bits of its (shifted, non-negative)
 # squared distance and takes a pairwise minimum tree over the clusters; beyond this many clusters
