@@ -10,23 +10,13 @@ from typing import Any, Callable
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
-from sklearn.exceptions import ConvergenceWarning, NotFittedError
+from sklearn.exceptions import ConvergenceWarning
 
 from mpinb import _collective
 from mpinb.errors import _check_int, _is_int, _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
-from mpinb.kmeans._lloyd import (
-    Run,
-    Shard,
-    assign,
-    chunk_rows,
-    chunks,
-    euclidean,
-    lloyd,
-    local_inertia,
-    max_sq_norm,
-    same_clustering,
-)
+from mpinb.kmeans._fitted import FittedCentres, as_data, as_weights, raise_nonfinite
+from mpinb.kmeans._lloyd import Run, Shard, lloyd, same_clustering
 from mpinb.live import Progress
 
 __all__ = ["KMeans"]
@@ -34,7 +24,7 @@ __all__ = ["KMeans"]
 _INITS = ("k-means++", "k-means||", "random")
 
 
-class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
+class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
     """K-means clustering of data spread over MPI ranks, each rank keeping its own rows.
 
     Collective: every rank of ``comm`` constructs it with the same parameters and calls
@@ -192,8 +182,8 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             comm = _resolve(self.comm)
             with raise_together(comm=comm):
                 params = self._validated_params()
-                X = _as_data(X_local)
-                weights = _as_weights(sample_weight, X.shape[0])
+                X = as_data(X_local)
+                weights = as_weights(sample_weight, X.shape[0])
                 init = params["init"]
                 if isinstance(init, np.ndarray) and init.shape != (params["n_clusters"], X.shape[1]):
                     raise ValueError(
@@ -202,7 +192,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                     )
                 local_sum = X.sum(axis=0, dtype=np.float64)
                 if not np.isfinite(local_sum).all():
-                    _raise_nonfinite(X)
+                    raise_nonfinite(X)
             check_same(_describe_params(params), "the KMeans configuration", comm=comm)
             check_same(X.shape[1], "the number of features (columns of X_local)", comm=comm)
             data = Shard.build(
@@ -240,115 +230,6 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         self.inertia_history_ = np.asarray(best.history, dtype=np.float64)
         self.n_features_in_ = int(X.shape[1])
         return self
-
-    def fit_predict(self, X_local: Any, y: Any = None, sample_weight: Any = None) -> np.ndarray:
-        """Fit and return this rank's labels.
-
-        Collective: it calls :meth:`fit`.
-
-        Returns
-        -------
-        ndarray of shape (n_local_samples,)
-            ``labels_``.
-        """
-        return self.fit(X_local, sample_weight=sample_weight).labels_
-
-    def predict(self, X: Any) -> np.ndarray:
-        """The index of the nearest centre of each row.
-
-        Local: no communication, so it also works on the notebook client for a pulled model.
-
-        Parameters
-        ----------
-        X : array_like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,), int32
-        """
-        X = self._check_input(X)
-        centers = np.asarray(self.cluster_centers_, dtype=np.float64)
-        mean = centers.mean(axis=0)
-        labels = np.empty(X.shape[0], dtype=np.int32)
-        assign(X, centers - mean, mean, max_sq_norm(X, mean), labels)
-        return labels
-
-    def transform(self, X: Any) -> np.ndarray:
-        """Euclidean distances of each row to every centre.
-
-        Local: no communication. The result is (n_samples, n_clusters) by nature; it is computed
-        in chunks, one GEMM each as scikit-learn's ``euclidean_distances``, with the distances
-        that are small next to the norms recomputed from the differences, so a row equal to a
-        centre is at distance exactly 0 (``transform(cluster_centers_)`` has a zero diagonal).
-
-        Parameters
-        ----------
-        X : array_like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_clusters)
-        """
-        X = self._check_input(X)
-        return euclidean(X, np.asarray(self.cluster_centers_, dtype=np.float64))
-
-    def fit_transform(self, X_local: Any, y: Any = None, sample_weight: Any = None) -> np.ndarray:
-        """Fit, then return the distances of this rank's rows to every centre.
-
-        Collective: it calls :meth:`fit`.
-        """
-        return self.fit(X_local, sample_weight=sample_weight).transform(X_local)
-
-    def score(self, X_local: Any, y: Any = None, sample_weight: Any = None) -> float:
-        """Opposite of the inertia of all ranks' rows with respect to the fitted centres.
-
-        Collective: every rank passes its rows and gets the same value, summed over ranks.
-
-        Parameters
-        ----------
-        X_local : array_like of shape (n_local_samples, n_features)
-        y : None
-            Ignored.
-        sample_weight : array_like of shape (n_local_samples,), optional
-
-        Returns
-        -------
-        float
-            ``-sum(weight * squared distance to the nearest centre)`` over all ranks.
-        """
-        comm = _resolve(self.comm)
-        with raise_together(comm=comm):
-            X = self._check_input(X_local)
-            weights = _as_weights(sample_weight, X.shape[0])
-            labels = self.predict(X)
-            local = local_inertia(X, weights, np.asarray(self.cluster_centers_, dtype=np.float64), labels)
-        total = np.array([local])
-        _collective.reduce_in_place([total], comm=comm, name="KMeans.score")
-        return -float(total[0])
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A communicator belongs to the processes that created it; a pickled model (pulled to the
-        # notebook client, say) keeps arrays and scalars only and uses COMM_WORLD if refitted.
-        state = super().__getstate__()
-        state["comm"] = None
-        state.pop("_on_iteration", None)
-        return state
-
-    def _check_input(self, X: Any) -> np.ndarray:
-        if not hasattr(self, "cluster_centers_"):
-            raise NotFittedError(
-                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with "
-                "appropriate arguments before using this estimator."
-            )
-        X = _as_data(X)
-        if X.shape[1] != self.n_features_in_:
-            raise ValueError(
-                f"X has {X.shape[1]} features, but {type(self).__name__} was fitted with "
-                f"{self.n_features_in_} features."
-            )
-        if not np.isfinite(X.sum(axis=0, dtype=np.float64)).all():
-            _raise_nonfinite(X)
-        return X
 
     def _validated_params(self) -> dict[str, Any]:
         """Local checks of the hyper-parameters, with the messages users see on every rank."""
@@ -417,60 +298,6 @@ def _publishing_hook(
             user_hook(info)
 
     return hook
-
-
-def _as_data(X: Any) -> np.ndarray:
-    if hasattr(X, "tocsr") or hasattr(X, "toarray"):
-        raise TypeError("KMeans needs a dense array; sparse input is not supported.")
-    arr = np.asarray(X)
-    if arr.ndim != 2:
-        raise ValueError(
-            f"X_local must be a 2-D array of shape (n_local_samples, n_features); got shape "
-            f"{arr.shape}. A rank without rows passes an array of shape (0, n_features)."
-        )
-    if arr.shape[1] == 0:
-        raise ValueError("X_local has 0 features; KMeans needs at least one column.")
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"X_local must hold real numbers; got dtype {arr.dtype}.")
-    if arr.dtype not in (np.float32, np.float64):
-        arr = arr.astype(np.float64)
-    return arr
-
-
-def _as_weights(sample_weight: Any, n: int) -> np.ndarray | None:
-    if sample_weight is None:
-        return None
-    w = np.asarray(sample_weight)
-    if w.dtype.kind not in "biuf":
-        raise TypeError(f"sample_weight must hold real numbers; got dtype {w.dtype}.")
-    w = w.astype(np.float64).reshape(-1) if w.ndim <= 1 else w
-    if w.ndim != 1 or w.shape[0] != n:
-        raise ValueError(
-            f"sample_weight has shape {np.shape(sample_weight)}, but X_local has {n} rows; pass one "
-            "weight per local row."
-        )
-    if n and not np.isfinite(w).all():
-        raise ValueError("sample_weight must be finite and non-negative; it contains NaN or infinity.")
-    if n and w.min() < 0:
-        raise ValueError(f"sample_weight must be finite and non-negative; got a minimum of {w.min()}.")
-    return w
-
-
-def _raise_nonfinite(X: np.ndarray) -> None:
-    for s, e in chunks(X.shape[0], chunk_rows(X.shape[1])):
-        bad = ~np.isfinite(X[s:e])
-        if bad.any():
-            row = s + int(np.flatnonzero(bad.any(axis=1))[0])
-            kind = "NaN" if np.isnan(X[s:e]).any() else "infinity"
-            raise ValueError(
-                f"X_local contains {kind} (first at local row {row}); remove or impute non-finite "
-                "values before fitting."
-            )
-    # The sum overflowed although every value is finite.
-    raise ValueError(
-        "X_local's column sums overflow float64; rescale the data (for example divide by its "
-        "largest absolute value) before fitting."
-    )
 
 
 def _describe_params(params: dict[str, Any]) -> tuple[Any, ...]:

@@ -385,6 +385,18 @@ def assign(
     return _Changes(n_changed, track[0][:recorded], track[1][:recorded])
 
 
+def nearest(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """Index of the nearest of ``centers`` (raw coordinates) for every row of ``X``. Local.
+
+    The same distances as the fit's assignment step, centred on the centres' mean.
+    """
+    centers = np.asarray(centers, dtype=np.float64)
+    mean = centers.mean(axis=0)
+    labels = np.empty(X.shape[0], dtype=np.int32)
+    assign(X, centers - mean, mean, max_sq_norm(X, mean), labels)
+    return labels
+
+
 def _assign_compiled(
     jit: Any, X: np.ndarray, c2: np.ndarray, q: np.ndarray, labels: np.ndarray,
     track: tuple[np.ndarray, np.ndarray] | None,
