@@ -1,20 +1,37 @@
-"""numba, when it is installed and not switched off: mpinb's compiled kernels are all optional."""
+"""numba for mpinb's compiled kernels, and the ``MPINB_NUMBA`` switch that rules it in or out. Local.
+
+numba is a dependency of mpinb (``pyproject.toml`` and ``environment.yml``); the switch exists to
+test the NumPy executors on any data size and to rule compiled code out when hunting a bug.
+"""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-__all__ = ["load"]
+__all__ = ["load", "mode"]
+
+_OFF = ("0", "false", "no", "off")
+_ON = ("1", "true", "yes", "on")
+
+
+def mode() -> str:
+    """``"off"``, ``"on"`` or ``"auto"`` (the default: each caller decides by the size of its work),
+    from ``MPINB_NUMBA``, read at each call."""
+    value = os.environ.get("MPINB_NUMBA", "auto").strip().lower()
+    if value in _OFF:
+        return "off"
+    if value in _ON:
+        return "on"
+    if value in ("", "auto"):
+        return "auto"
+    raise ValueError(f"MPINB_NUMBA must be 0/off, 1/on or auto; got {value!r}.")
 
 
 def load() -> Any:
-    """The ``numba`` module, or ``None`` when it is missing or ``MPINB_NUMBA=0`` turns it off.
-
-    Local. Callers keep a NumPy path for ``None``; the switch exists to test that path and to rule
-    compiled code out when hunting a bug.
-    """
-    if os.environ.get("MPINB_NUMBA", "1").strip().lower() in ("0", "false", "no", "off"):
+    """The ``numba`` module, or ``None`` when ``MPINB_NUMBA=0`` turns it off or it is missing (an
+    environment made without mpinb's requirements: the NumPy executors still work)."""
+    if mode() == "off":
         return None
     try:
         import numba

@@ -12,7 +12,6 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning
 
-from mpinb import _collective
 from mpinb.errors import _check_int, _is_int, _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._fitted import FittedCentres, as_data, as_weights, raise_nonfinite
@@ -113,11 +112,11 @@ class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
     in the first assignment after ``init`` picked rows. Measured on the digits (1,797 x 64,
     integers 0-16, 10 clusters) from 10 starts (``X[:10]``, ``X[100:110]`` and 8 k-means++
     draws): 0-4 rows tied exactly in the first assignment (12 in all) and none in any later
-    one (checked in exact arithmetic). The compiled kernels broke 4 of the 12 differently from
-    scikit-learn, the NumPy fallback (which sends near-ties to the lowest index) 5; the final
-    labels equalled scikit-learn's in all 10 starts with the compiled kernels and in 9 with the
-    NumPy fallback (in the tenth it converged elsewhere: 20 iterations instead of 36). So on
-    integer data with exact ties, results may differ from scikit-learn's. The same ties were
+    one (checked in exact arithmetic). mpinb broke 4 of the 12 differently from scikit-learn,
+    yet the final labels equalled scikit-learn's in all 10 starts. So on integer data with exact
+    ties, intermediate (and possibly final) results may differ from scikit-learn's. Both
+    executors of the row passes (NumPy for small data, compiled for large) take the argmin of
+    the same distance block with the same rule, so they break ties alike, and the same ties were
     broken the same way at 1, 2, 3 and 4 ranks.
 
     Examples

@@ -7,7 +7,6 @@ unless it says local.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -15,20 +14,13 @@ import numpy as np
 
 from mpinb import _collective
 from mpinb.interrupt import StopFlag
-from mpinb.kmeans._kernels import kernels
+from mpinb.kmeans._kernels import SUM_ELEMENTS, chunk_rows, chunks, kernels
 
-# The assignment step packs each cluster index into the low bits of its (shifted, non-negative)
-# squared distance and takes a pairwise minimum tree over the clusters; beyond this many clusters
-# the truncated bits would cost too much precision, so it falls back to ``argmin``.
-PACKED_MAX_K = 4096
-# Rows per chunk of the assignment step: the (k, rows) distance block stays at about 512 KiB.
+# Rows per chunk of a (rows, k) distance block outside the fit (transform, initialisation).
 BLOCK_ELEMENTS = 1 << 16
-# Rows per slice when summing rows per cluster through a sparse indicator (bounds the float64 copy
-# SciPy makes of a float32 slice).
-SUM_ELEMENTS = 1 << 16
-# Rows per chunk of the compiled assignment step: the (rows, k) GEMM output stays at about 128 KiB,
+# Rows per chunk of the assignment step: the (rows, k) GEMM output stays at about 128 KiB,
 # which measured faster than larger blocks (it is scanned again by the argmin kernel while cached).
-_JIT_BLOCK_ELEMENTS = 1 << 14
+_ASSIGN_BLOCK_ELEMENTS = 1 << 14
 # Most rows in one distance block, however few the clusters.
 _MAX_BLOCK_ROWS = 8192
 # Below this fraction of changed labels, the cluster sums are updated from the changed rows only.
@@ -36,7 +28,7 @@ _INCREMENTAL_FRACTION = 0.2
 # euclidean() recomputes from differences the squared distances below this fraction of
 # |x'|^2 + |c'|^2, where the GEMM formula's cancellation dominates them.
 _REFINE_FRACTION = 2.0**-20
-# Stands in for unit weights in the compiled kernels (which take a flag instead of None).
+# Stands in for unit weights in the executors' passes (which take a flag instead of None).
 _NO_WEIGHTS = np.empty(0)
 
 
@@ -115,21 +107,13 @@ class Shard:
         sums = local_sum.copy()
         _collective.reduce_in_place([sums], comm=comm, name="KMeans.fit's mean")
         mean = sums / total
-        # Second pass, centred: per-feature variance (for tol), the largest squared norm (for the
-        # packed assignment) and the weighted total (for the per-iteration inertia).
+        # Second pass, centred: per-feature variance (for tol), the largest squared norm (the
+        # initialisation's overflow guard) and the weighted total (for the per-iteration inertia).
         stats = np.zeros(d + 1)
         biggest = np.zeros(1)
-        jit = kernels()
-        if jit is not None:
-            unit = weights is None
-            biggest[0] = jit.centred_stats(X, mean, _NO_WEIGHTS if unit else weights, not unit, stats)
-        else:
-            for s, e in chunks(n, chunk_rows(d)):
-                xc = np.subtract(X[s:e], mean, dtype=np.float64)
-                sq = np.einsum("ij,ij->i", xc, xc)
-                stats[:d] += np.einsum("ij,ij->j", xc, xc)
-                stats[d] += sq.sum() if weights is None else sq @ weights[s:e]
-                biggest[0] = max(biggest[0], sq.max(initial=0.0))
+        unit = weights is None
+        run = kernels(total * k)
+        biggest[0] = run.centred_stats(X, mean, _NO_WEIGHTS if unit else weights, not unit, stats)
         with _collective.collective(comm, "KMeans.fit's variance", (stats.shape, biggest.shape)) as call:
             call.allreduce([stats], "sum")
             call.allreduce([biggest], "max")
@@ -190,10 +174,12 @@ def lloyd(
     history: list[float] = []
     strict = False
     centers = np.array(centers, dtype=np.float64)
+    # One executor for the whole fit, from global sizes: the same on every rank.
+    run_on = kernels(data.n_total * k)
     i = 0
     for i in range(max_iter):  # noqa: B007 - i is the iteration count after the loop
-        changes = assign(X, centers, mean, data.max_sq_norm, labels, track=track)
-        _update_sums(data, labels, changes, sums, weights, members)
+        changes = assign(X, centers, mean, labels, track=track, run_on=run_on)
+        _update_sums(run_on, data, labels, changes, sums, weights, members)
         packed[: k * d] = sums.reshape(-1)
         packed[k * d : k * d + k] = weights
         packed[k * d + k : k * d + 2 * k] = members
@@ -247,16 +233,11 @@ def lloyd(
             break
     if not strict:
         # Labels must match the final centres.
-        assign(X, centers, mean, data.max_sq_norm, labels)
+        assign(X, centers, mean, labels, run_on=run_on)
     final = np.zeros(k + 1)
-    jit = kernels()
-    if jit is not None:
-        unit = data.weights is None
-        w = _NO_WEIGHTS if unit else data.weights
-        final[k] = jit.inertia_counts(X, w, not unit, centers + mean, labels, final[:k])
-    else:
-        final[:k] = _count(labels, k)
-        final[k] = local_inertia(X, data.weights, centers + mean, labels)
+    unit = data.weights is None
+    w = _NO_WEIGHTS if unit else data.weights
+    final[k] = run_on.inertia_counts(X, w, not unit, centers + mean, labels, final[:k])
     _collective.reduce_in_place([final], comm=comm, name="KMeans.fit's inertia")
     return Run(centers, labels, float(final[k]), i + 1, history, final[:k])
 
@@ -297,92 +278,42 @@ def assign(
     X: np.ndarray,
     centers: np.ndarray,
     mean: np.ndarray,
-    max_sq_norm: float,
     labels: np.ndarray,
     track: tuple[np.ndarray, np.ndarray] | None = None,
+    run_on: Any = None,
 ) -> _Changes:
-    """Nearest centre of every row, in chunks, writing ``labels`` in place.
+    """Nearest centre of every row, in chunks, writing ``labels`` in place. Local.
 
-    ``centers`` are centred (``c - mean``). The distance block of a chunk is computed as
-    ``S + |c'|^2 + 2 mean.c' - 2 x.c'`` = ``S + |x' - c'|^2 - |x'|^2``, which is non-negative for
-    ``S >= max |x'|^2``; a non-negative double orders like its bit pattern as an integer, so the
-    cluster index fits in the low bits and a pairwise ``minimum`` tree over the clusters yields
-    the argmin (lowest index on ties) far faster than ``argmin`` along a short axis.
-    With ``track=(rows, old)`` buffers, the changed rows and their old labels are recorded there
-    (for an incremental update of the sums) until the buffers are full.
+    ``centers`` are centred (``c - mean``). Per chunk, one GEMM in the data's precision gives
+    ``-2 x.c'`` and the executor's argmin adds ``q = |c'|^2 + 2 mean.c'`` in float64, so the
+    block is ``|x' - c'|^2 - |x'|^2`` (``x`` is used uncentred in the product, which needs no
+    centred copy of the rows). With ``track=(rows, old)`` buffers, the changed rows and their
+    old labels are recorded there (for an incremental update of the sums) until the buffers are
+    full. ``run_on`` is the executor (:func:`kernels`), by default chosen from this call's size.
     """
     n = X.shape[0]
-    k, d = centers.shape
-    single = X.dtype == np.float32
-    gemm_dtype = np.float32 if single else np.float64
-    c2 = (-2.0 * centers).astype(gemm_dtype)
-    # Per-cluster constant: |c'|^2 + 2 mean.c' (because x is used uncentred in the product).
-    q = np.einsum("ij,ij->i", centers, centers) + 2.0 * (centers @ mean)
-    jit = kernels()
-    if jit is not None:
-        return _assign_compiled(jit, X, c2, q, labels, track)
-    packed = k <= PACKED_MAX_K
-    n_changed = 0
-    recorded = 0  # -1 once the changes no longer fit the buffers
-    block = rows_per_block(k)
-    if packed:
-        bits = (k - 1).bit_length()
-        mask = np.int64((1 << bits) - 1)
-        eps = np.finfo(gemm_dtype).eps
-        cmax = float(np.sqrt(np.max(np.einsum("ij,ij->i", centers, centers))))
-        xmax = float(np.linalg.norm(mean)) + math.sqrt(max_sq_norm)
-        # Shift making every entry non-negative, with a margin for the GEMM's round-off.
-        shift = max_sq_norm * (1 + 1e-6) + 8 * (d + 2) * eps * (xmax * cmax + cmax * cmax) + 1e-300
-        template = np.repeat((q + shift)[:, None], min(block, max(n, 1)), axis=1)
-        index = np.repeat(np.arange(k, dtype=np.int64)[:, None], template.shape[1], axis=1)
+    k = centers.shape[0]
+    if run_on is None:
+        run_on = kernels(n * k)
+    gemm_dtype = np.float32 if X.dtype == np.float32 else np.float64
+    c2t = np.ascontiguousarray((-2.0 * centers).T, dtype=gemm_dtype)
+    q = np.ascontiguousarray(np.einsum("ij,ij->i", centers, centers) + 2.0 * (centers @ mean))
+    block = chunk_rows(k, _ASSIGN_BLOCK_ELEMENTS, maximum=_MAX_BLOCK_ROWS)
+    buf = np.empty((min(block, max(n, 1)), k), dtype=gemm_dtype)
+    if track is None:
+        rows, old = np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int32)
+        recorded = -1
     else:
-        template = np.repeat(q[None, :], min(block, max(n, 1)), axis=0)
-    full_block = None
+        (rows, old), recorded = track, 0
+    n_changed = 0
     for s, e in chunks(n, block):
-        m = e - s
-        if packed:
-            if full_block is None or full_block.shape[1] != m:
-                full_block = np.empty((k, m))
-                low = np.empty((k, m), dtype=np.float32) if single else None
-            out = full_block
-            if single:
-                np.dot(c2, X[s:e].T, out=low)
-                np.add(low, template[:, :m], out=out)
-            else:
-                np.dot(c2, X[s:e].T, out=out)
-                np.add(out, template[:, :m], out=out)
-            keys = out.view(np.int64)
-            np.bitwise_and(keys, ~mask, out=keys)
-            np.bitwise_or(keys, index[:, :m], out=keys)
-            width = k
-            while width > 1:
-                half = width // 2
-                if width % 2:
-                    np.minimum(keys[0], keys[width - 1], out=keys[0])
-                np.minimum(keys[:half], keys[half : 2 * half], out=keys[:half])
-                width = half
-            new = keys[0] & mask
-        else:
-            dist = np.dot(X[s:e], c2.T).astype(np.float64, copy=False)
-            dist += template[:m]
-            new = dist.argmin(axis=1)
-        old = labels[s:e]
-        if track is not None:
-            differ = new != old
-            count = int(np.count_nonzero(differ))
-            n_changed += count
-            if count and recorded >= 0:
-                if recorded + count <= track[0].size:
-                    where = np.flatnonzero(differ)
-                    np.add(where, s, out=track[0][recorded : recorded + count], casting="unsafe")
-                    track[1][recorded : recorded + count] = old[where]
-                    recorded += count
-                else:
-                    recorded = -1
-        old[:] = new
+        out = buf[: e - s]
+        np.dot(X[s:e], c2t, out=out)
+        changed, recorded = run_on.argmin_rows(out, q, labels[s:e], s, rows, old, recorded)
+        n_changed += changed
     if track is None or recorded < 0:
         return _Changes(n_changed, None, None)
-    return _Changes(n_changed, track[0][:recorded], track[1][:recorded])
+    return _Changes(n_changed, rows[:recorded], old[:recorded])
 
 
 def nearest(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
@@ -393,43 +324,13 @@ def nearest(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
     centers = np.asarray(centers, dtype=np.float64)
     mean = centers.mean(axis=0)
     labels = np.empty(X.shape[0], dtype=np.int32)
-    assign(X, centers - mean, mean, max_sq_norm(X, mean), labels)
+    assign(X, centers - mean, mean, labels)
     return labels
 
 
-def _assign_compiled(
-    jit: Any, X: np.ndarray, c2: np.ndarray, q: np.ndarray, labels: np.ndarray,
-    track: tuple[np.ndarray, np.ndarray] | None,
-) -> _Changes:
-    """``assign`` with the argmin and change tracking in one compiled pass per GEMM chunk.
-
-    The same distances as the NumPy path (``q - 2 x.c'``, the GEMM in the data's precision and
-    the sum in float64), but an exact argmin: no index bits packed into the distances.
-    """
-    n = X.shape[0]
-    k = c2.shape[0]
-    block = chunk_rows(k, _JIT_BLOCK_ELEMENTS, maximum=_MAX_BLOCK_ROWS)
-    c2t = np.ascontiguousarray(c2.T)
-    buf = np.empty((min(block, max(n, 1)), k), dtype=c2.dtype)
-    if track is None:
-        rows, old = np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int32)
-        recorded = -1
-    else:
-        (rows, old), recorded = track, 0
-    q = np.ascontiguousarray(q, dtype=np.float64)
-    n_changed = 0
-    for s, e in chunks(n, block):
-        out = buf[: e - s]
-        np.dot(X[s:e], c2t, out=out)
-        changed, recorded = jit.argmin_rows(out, q, labels[s:e], s, rows, old, recorded)
-        n_changed += changed
-    if track is None or recorded < 0:
-        return _Changes(n_changed, None, None)
-    return _Changes(n_changed, rows[:recorded], old[:recorded])
-
-
 def _update_sums(
-    data: Shard, labels: np.ndarray, changes: _Changes, sums: np.ndarray, weights: np.ndarray, members: np.ndarray
+    run_on: Any, data: Shard, labels: np.ndarray, changes: _Changes, sums: np.ndarray, weights: np.ndarray,
+    members: np.ndarray,
 ) -> None:
     """Local per-cluster sums (raw coordinates, float64), weights and positive-weight members.
 
@@ -438,51 +339,15 @@ def _update_sums(
     recomputed. A cluster left without members is reset to exact zeros so round-off cannot
     accumulate there.
     """
-    X, w = data.X, data.weights
-    k, d = sums.shape
-    jit = kernels()
-    if jit is not None:
-        wv = _NO_WEIGHTS if w is None else w
-        if changes.rows is None:
-            sums[:] = 0.0
-            weights[:] = 0.0
-            members[:] = 0.0
-            jit.sums_full(X, wv, w is not None, labels, sums, weights, members)
-            return
-        jit.sums_delta(X, wv, w is not None, changes.rows, changes.old, labels, sums, weights, members)
-        gone = members == 0
-        sums[gone] = 0.0
-        weights[gone] = 0.0
-        return
-    import scipy.sparse as sp
-
+    w = data.weights
+    wv = _NO_WEIGHTS if w is None else w
     if changes.rows is None:
         sums[:] = 0.0
         weights[:] = 0.0
         members[:] = 0.0
-        for s, e in chunks(data.n_local, chunk_rows(d, minimum=1024)):
-            m = e - s
-            ws = data.weight_slice(s, e)
-            lab = labels[s:e]
-            indicator = sp.csc_matrix((ws, lab, np.arange(m + 1)), shape=(k, m))
-            sums += indicator @ X[s:e]
-            weights += np.bincount(lab, weights=ws, minlength=k)
-            members += np.bincount(lab, minlength=k) if w is None else np.bincount(lab[ws > 0], minlength=k)
+        run_on.sums_full(data.X, wv, w is not None, labels, sums, weights, members)
         return
-    rows, old = changes.rows, changes.old
-    for s, e in chunks(rows.size, chunk_rows(d, minimum=1024)):
-        idx = rows[s:e]
-        m = e - s
-        new_l, old_l = labels[idx], old[s:e]
-        ws = np.ones(m) if w is None else w[idx]
-        # One column per changed row: +w in its new cluster, -w in its old one.
-        values = np.stack([ws, -ws], axis=1).reshape(-1)
-        index = np.stack([new_l, old_l], axis=1).reshape(-1)
-        indicator = sp.csc_matrix((values, index, np.arange(0, 2 * m + 1, 2)), shape=(k, m))
-        sums += indicator @ X[idx]
-        weights += np.bincount(new_l, weights=ws, minlength=k) - np.bincount(old_l, weights=ws, minlength=k)
-        positive = ws > 0
-        members += np.bincount(new_l[positive], minlength=k) - np.bincount(old_l[positive], minlength=k)
+    run_on.sums_delta(data.X, wv, w is not None, changes.rows, changes.old, labels, sums, weights, members)
     gone = members == 0
     sums[gone] = 0.0
     weights[gone] = 0.0
@@ -600,37 +465,6 @@ def euclidean(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
     return np.sqrt(out, out=out)
 
 
-def max_sq_norm(X: np.ndarray, mean: np.ndarray) -> float:
-    biggest = 0.0
-    for s, e in chunks(X.shape[0], chunk_rows(X.shape[1])):
-        xc = np.subtract(X[s:e], mean, dtype=np.float64)
-        biggest = max(biggest, float(np.einsum("ij,ij->i", xc, xc).max(initial=0.0)))
-    return biggest
-
-
-def _count(labels: np.ndarray, k: int) -> np.ndarray:
-    """Rows per label, in chunks (``np.bincount`` would copy int32 labels to int64 at once)."""
-    counts = np.zeros(k)
-    for s, e in chunks(labels.size, SUM_ELEMENTS):
-        counts += np.bincount(labels[s:e], minlength=k)
-    return counts
-
-
-def chunk_rows(
-    width: int, elements: int = SUM_ELEMENTS, *, minimum: int = 256, maximum: int | None = None
-) -> int:
-    """Rows per chunk of a pass whose per-chunk buffer holds ``width`` values per row: about
-    ``elements`` values in all, but at least ``minimum`` rows (so a very wide row does not make
-    the per-chunk Python overhead dominate) and at most ``maximum`` rows. Local."""
-    rows = max(minimum, elements // max(width, 1))
-    return int(rows if maximum is None else min(maximum, rows))
-
-
 def rows_per_block(k: int) -> int:
-    """Rows per chunk of a (k, rows) distance block. Local."""
+    """Rows per chunk of a (rows, k) distance block. Local."""
     return chunk_rows(k, BLOCK_ELEMENTS, maximum=_MAX_BLOCK_ROWS)
-
-
-def chunks(n: int, step: int):
-    for s in range(0, n, step):
-        yield s, min(s + step, n)

@@ -1,5 +1,6 @@
 """mpinb.KMeans under mpiexec at 1-4 ranks: agreement with scikit-learn, independence of the number
-of ranks, collective errors, empty shards, interrupts and the one-Allreduce-per-iteration rule."""
+of ranks, collective errors, empty shards, interrupts and the one-Allreduce-per-iteration rule,
+each on both executors of the row passes (NumPy and compiled)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,15 @@ def blobs(per_rank: int = 600, d: int = 5, centers: int = 6, std: float = 3.0, s
 
 
 CASES = kmeans_cases.agreement_cases(600 * SIZE, 500 * SIZE)
+
+
+@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+def executor(request, monkeypatch):
+    """Every test here runs on both executors of the row passes: the data are small, so left to
+    itself a fit would always take the NumPy one (MPINB_NUMBA is read at each fit, the same on
+    every rank)."""
+    monkeypatch.setenv("MPINB_NUMBA", "off" if request.param == "numpy" else "on")
+    return request.param
 
 
 def assert_matches(ours: KMeans, ref: Any, X: np.ndarray, rtol: float = 1e-10) -> None:

@@ -20,7 +20,8 @@ from sklearn.metrics import pairwise_distances
 import mpinb
 import mpinb.kmeans._lloyd as lloyd_module
 from mpinb import KMeans
-from mpinb.kmeans._kernels import kernels
+from mpinb.kmeans import _kernels
+from mpinb.kmeans._kernels import COMPILE_FROM, kernels
 from mpinb.kmeans._lloyd import chunk_rows
 
 SELF = MPI.COMM_SELF
@@ -35,11 +36,8 @@ CASES = kmeans_cases.agreement_cases(3000, 2000)
 
 @pytest.fixture(params=["compiled", "numpy"])
 def kernel_path(request, monkeypatch):
-    """Run a test on the numba kernels and on the NumPy fallback (numba is optional)."""
-    if request.param == "numpy":
-        monkeypatch.setattr(lloyd_module, "kernels", lambda: None)
-    elif kernels() is None:
-        pytest.skip("numba is not installed: only the NumPy path runs")
+    """Run a test on each executor of the row passes, whatever the size of its data."""
+    monkeypatch.setenv("MPINB_NUMBA", "on" if request.param == "compiled" else "off")
     return request.param
 
 
@@ -260,16 +258,6 @@ def test_on_iteration_hook():
     assert "_on_iteration" not in pickle.loads(pickle.dumps(km)).__dict__
 
 
-def test_packed_assignment_matches_argmin(monkeypatch):
-    monkeypatch.setattr(lloyd_module, "kernels", lambda: None)
-    X = load_digits().data
-    packed = KMeans(10, init=X[:10], comm=SELF).fit(X)
-    monkeypatch.setattr(lloyd_module, "PACKED_MAX_K", 0)
-    plain = KMeans(10, init=X[:10], comm=SELF).fit(X)
-    np.testing.assert_array_equal(packed.labels_, plain.labels_)
-    np.testing.assert_allclose(packed.cluster_centers_, plain.cluster_centers_, rtol=1e-12)
-
-
 def test_incremental_sums_match_recomputed_sums(monkeypatch, kernel_path):
     X = blobs(20000, 6, 12, 3.0, seed=7)
     incremental = KMeans(12, init=X[:12], tol=0, comm=SELF).fit(X)
@@ -280,14 +268,14 @@ def test_incremental_sums_match_recomputed_sums(monkeypatch, kernel_path):
     np.testing.assert_allclose(incremental.cluster_centers_, fresh.cluster_centers_, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.skipif(kernels() is None, reason="numba is not installed")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_compiled_kernels_match_numpy_path(monkeypatch, dtype):
     X = blobs(20000, 6, 12, 3.0, seed=9).astype(dtype)
     w = np.random.default_rng(1).uniform(0, 2, len(X))
     w[::5] = 0.0
+    monkeypatch.setenv("MPINB_NUMBA", "on")
     compiled = KMeans(12, init=X[:12], tol=0, comm=SELF).fit(X, sample_weight=w)
-    monkeypatch.setattr(lloyd_module, "kernels", lambda: None)
+    monkeypatch.setenv("MPINB_NUMBA", "off")
     plain = KMeans(12, init=X[:12], tol=0, comm=SELF).fit(X, sample_weight=w)
     assert compiled.n_iter_ == plain.n_iter_
     np.testing.assert_array_equal(compiled.labels_, plain.labels_)
@@ -524,3 +512,83 @@ def test_chunk_rows():
 
 def test_lazy_export():
     assert mpinb.KMeans is KMeans
+
+
+# ---------------------------------------------------------------------------------------------
+# The two executors of the row passes
+
+
+def test_executor_is_chosen_by_size_and_switch(monkeypatch):
+    monkeypatch.delenv("MPINB_NUMBA", raising=False)
+    assert kernels(COMPILE_FROM - 1).name == "numpy"
+    assert kernels(COMPILE_FROM).name == "compiled"
+    monkeypatch.setenv("MPINB_NUMBA", "off")
+    assert kernels(10 * COMPILE_FROM).name == "numpy"
+    monkeypatch.setenv("MPINB_NUMBA", "on")
+    assert kernels(1).name == "compiled"
+    monkeypatch.setenv("MPINB_NUMBA", "sometimes")
+    with pytest.raises(ValueError, match="MPINB_NUMBA must be 0/off, 1/on or auto; got 'sometimes'"):
+        kernels(1)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_executors_agree_pass_by_pass(dtype, weighted):
+    """Each pass of the NumPy executor equals the compiled one (labels and counts exactly,
+    sums to round-off), including ties, the change tracking and a full tracking buffer."""
+    compiled = kernels(COMPILE_FROM)
+    plain = _kernels.NUMPY
+    assert compiled.name == "compiled"
+    rng = np.random.default_rng(5)
+    n, d, k = 3000, 7, 9
+    X = rng.normal(size=(n, d)).astype(dtype)
+    w = rng.uniform(0, 2, n) if weighted else np.empty(0)
+    if weighted:
+        w[::7] = 0.0
+    dist = rng.integers(-3, 3, size=(n, k)).astype(dtype)  # many exact ties
+    q = rng.integers(-2, 2, size=k).astype(np.float64)
+    centers = rng.normal(size=(k, d))
+    start = 40
+    out = []
+    for ex in (compiled, plain):
+        labels = np.arange(n, dtype=np.int32) % k
+        rows, old = np.full(n, -9, np.int64), np.full(n, -9, np.int32)
+        changed, recorded = ex.argmin_rows(dist, q, labels, start, rows, old, 0)
+        small_rows, small_old = np.empty(5, np.int64), np.empty(5, np.int32)
+        again = np.arange(n, dtype=np.int32) % k
+        _, overflow = ex.argmin_rows(dist, q, again, start, small_rows, small_old, 0)
+        sums, weights, members = np.zeros((k, d)), np.zeros(k), np.zeros(k)
+        ex.sums_full(X, w, weighted, labels, sums, weights, members)
+        moved = rows[:recorded] - start
+        ex.sums_delta(X, w, weighted, moved, old[:recorded], labels, sums, weights, members)
+        stats = np.zeros(d + 1)
+        biggest = ex.centred_stats(X, X.mean(axis=0, dtype=np.float64), w, weighted, stats)
+        counts = np.zeros(k)
+        inertia = ex.inertia_counts(X, w, weighted, centers, labels, counts)
+        out.append((labels, changed, recorded, rows[:recorded], old[:recorded], overflow, sums, weights,
+                    members, stats, biggest, counts, inertia))
+    a, b = out
+    expected = (dist + q).argmin(axis=1)
+    np.testing.assert_array_equal(a[0], expected)
+    for exact in (0, 1, 2, 3, 4, 5, 8, 11):
+        np.testing.assert_array_equal(a[exact], b[exact])
+    assert a[1] > 5 and a[5] == -1  # labels changed; the 5-row buffer overflowed
+    for close in (6, 7, 9, 10, 12):
+        np.testing.assert_allclose(a[close], b[close], rtol=1e-12, atol=1e-9)
+
+
+def test_small_fit_in_a_fresh_process_needs_no_compiled_code():
+    """A first small fit takes the NumPy executor: numba is not even imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np; from mpi4py import MPI; import mpinb;"
+        "X = np.random.default_rng(0).normal(size=(6000, 5));"
+        "mpinb.KMeans(8, n_init=1, random_state=0, comm=MPI.COMM_SELF).fit(X).predict(X);"
+        "print('numba' in sys.modules)"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "MPINB_NUMBA"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
