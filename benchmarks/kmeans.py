@@ -20,6 +20,14 @@ Cases (``--cases``, comma-separated; default ``scaling``), each writing its own 
   alternate within one job (rotating order), ``--busy-repeats`` of each. Per-iteration time is the
   slowest rank's wall time of ``fit`` divided by ``n_iter_`` (public attributes only).
 
+- ``first`` -> ``kmeans_first.json``: the first fit in a fresh process, where an interactive user
+  starts: scikit-learn's ``KMeans`` against mpinb's, each in its own new Python process (imports
+  and data outside the timing; mpinb's MPI start-up inside it, as in a plain script, and also
+  outside it, as in an ipyparallel engine where MPI is already up), interleaved,
+  ``--first-repeats`` rounds, on small data (6,000 x 5, k=8: the NumPy executor) and on larger
+  data (200,000 x 16, k=16: the compiled executor, loaded from numba's disk cache, which a
+  warm-up process fills first). Medians and ratios to scikit-learn's first fit.
+
 ``--quick``: N=100,000, 1 repeat (and 3 busy repeats), to show the script works: about 30 s.
 """
 
@@ -40,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "benchmarks"))  # _busy, also when run from elsewhere
 
-CASES = ("scaling", "busy")
+CASES = ("scaling", "busy", "first")
 
 D, K, ITERATIONS, SEED, BLOCK = 16, 16, 20, 1234, 1 << 16
 
@@ -324,6 +332,74 @@ def busy_case(args: argparse.Namespace, out: Path) -> None:
     print(f"wrote {out}")
 
 
+# The first-fit case: one fresh process per sample. Timed: the fit alone.
+_FIRST_FIT = """
+import json, sys, time
+import numpy as np
+which, n, d, k, mpi_up = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+X = np.random.default_rng(0).normal(size=(n, d))
+if which == "sklearn":
+    from sklearn.cluster import KMeans
+else:
+    from mpinb import KMeans  # mpinb.KMeans is a lazy attribute: resolve it (and import scikit-learn) now
+    if mpi_up:
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Get_rank()
+make = lambda: KMeans(k, n_init=1, random_state=0)
+t = time.perf_counter()
+make().fit(X)
+first = time.perf_counter() - t
+t = time.perf_counter()
+make().fit(X)
+print(json.dumps({"first_s": first, "second_s": time.perf_counter() - t, "numba_loaded": "numba" in sys.modules}))
+"""
+
+
+def _first_fit_sample(which: str, n: int, d: int, k: int, mpi_up: bool) -> dict:
+    import subprocess
+
+    env = {key: value for key, value in os.environ.items() if key != "MPINB_NUMBA"}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", _FIRST_FIT, which, str(n), str(d), str(k), "1" if mpi_up else "0"],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"first-fit sample failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def first_case(args: argparse.Namespace, out: Path) -> None:
+    sizes = {"small": (6_000, 5, 8), "large": (200_000, 16, 16)}
+    variants = (("sklearn", False), ("mpinb", False), ("mpinb", True))
+    report: dict = {"setup": {"sizes": {name: dict(zip(("n", "d", "k"), v)) for name, v in sizes.items()},
+                              "repeats": args.first_repeats, "threads": 1, "n_init": 1,
+                              "cores": len(os.sched_getaffinity(0))},
+                    "results": {}}
+    for name, (n, d, k) in sizes.items():
+        _first_fit_sample("mpinb", n, d, k, True)  # warm-up: fills numba's disk cache if it is empty
+        samples: dict[str, list[dict]] = {}
+        for r in range(args.first_repeats):
+            print(f"[bench] first fit, {name}, round {r + 1}/{args.first_repeats}", flush=True)
+            for which, mpi_up in variants:
+                label = which if which == "sklearn" else f"mpinb ({'MPI already up' if mpi_up else 'MPI started in fit'})"
+                samples.setdefault(label, []).append(_first_fit_sample(which, n, d, k, mpi_up))
+        summary: dict = {}
+        for label, rows in samples.items():
+            summary[label] = {"first_fit_s": statistics.median(r["first_s"] for r in rows),
+                              "second_fit_s": statistics.median(r["second_s"] for r in rows),
+                              "numba_loaded": rows[0]["numba_loaded"]}
+        base = summary["sklearn"]["first_fit_s"]
+        for label in summary:
+            summary[label]["first_fit_vs_sklearn_first_fit"] = summary[label]["first_fit_s"] / base
+        report["results"][name] = summary
+        for label, entry in summary.items():
+            print(f"{name:5s} {label:30s} first {entry['first_fit_s'] * 1e3:7.1f} ms "
+                  f"({entry['first_fit_vs_sklearn_first_fit']:.2f}x scikit-learn's), second "
+                  f"{entry['second_fit_s'] * 1e3:7.1f} ms, numba loaded: {entry['numba_loaded']}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="scaling", help=f"comma-separated, of: {', '.join(CASES)}")
@@ -331,6 +407,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, help="scaling case: interleaved rounds (default 3; 1 with --quick)")
     parser.add_argument("--busy-repeats", type=int, help="busy case: fits per state (default 11; 3 with --quick)")
     parser.add_argument("--busy-loop", default="python", choices=("python", "numpy"))
+    parser.add_argument("--first-repeats", type=int, help="first case: rounds of fresh processes (default 7; 2 with --quick)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
@@ -351,12 +428,15 @@ def main() -> None:
         args.n = 100_000
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.busy_repeats = args.busy_repeats or (3 if args.quick else 11)
+    args.first_repeats = args.first_repeats or (2 if args.quick else 7)
     out_dir = Path(args.out_dir) if args.out_dir else (
         Path(tempfile.gettempdir()) / "mpinb-bench-quick" if args.quick else ROOT / "benchmarks" / "results")
     if "scaling" in cases:
         scaling_case(args, out_dir / "kmeans.json")
     if "busy" in cases:
         busy_case(args, out_dir / "kmeans_busy.json")
+    if "first" in cases:
+        first_case(args, out_dir / "kmeans_first.json")
 
 
 if __name__ == "__main__":
