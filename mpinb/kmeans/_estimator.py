@@ -15,7 +15,7 @@ from sklearn.exceptions import ConvergenceWarning
 from mpinb.errors import _check_int, _is_int, _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._fitted import FittedCentres, as_data, as_weights, raise_nonfinite
-from mpinb.kmeans._lloyd import Run, Shard, lloyd, same_clustering
+from mpinb.kmeans._lloyd import Run, Shard, column_sums, lloyd, same_clustering
 from mpinb.live import Progress
 
 __all__ = ["KMeans"]
@@ -189,7 +189,7 @@ class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
                         f"init has shape {init.shape}, but it must be (n_clusters, n_features) = "
                         f"({params['n_clusters']}, {X.shape[1]})."
                     )
-                local_sum = X.sum(axis=0, dtype=np.float64)
+                local_sum = column_sums(X, params["n_clusters"])
                 if not np.isfinite(local_sum).all():
                     raise_nonfinite(X)
             check_same(_describe_params(params), "the KMeans configuration", comm=comm)

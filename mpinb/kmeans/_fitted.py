@@ -15,7 +15,7 @@ from sklearn.exceptions import NotFittedError
 
 from mpinb import _collective
 from mpinb.errors import _resolve, check_same, raise_together
-from mpinb.kmeans._lloyd import chunk_rows, chunks, euclidean, local_inertia, nearest
+from mpinb.kmeans._lloyd import chunk_rows, chunks, column_sums, euclidean, local_inertia, nearest
 
 __all__ = ["FittedCentres", "as_data", "as_weights", "raise_nonfinite"]
 
@@ -134,7 +134,7 @@ class FittedCentres:
                 f"X has {X.shape[1]} features, but {type(self).__name__} was fitted with "
                 f"{self.n_features_in_} features."
             )
-        if not np.isfinite(X.sum(axis=0, dtype=np.float64)).all():
+        if not np.isfinite(column_sums(X, len(self.cluster_centers_))).all():
             raise_nonfinite(X)
         return X
 

@@ -316,6 +316,14 @@ def assign(
     return _Changes(n_changed, rows[:recorded], old[:recorded])
 
 
+def column_sums(X: np.ndarray, n_clusters: int) -> np.ndarray:
+    """Local float64 column sums of ``X`` (non-finite when ``X`` holds NaN or infinity), on the
+    executor for ``len(X) * n_clusters``. Local."""
+    out = np.zeros(X.shape[1])
+    kernels(X.shape[0] * n_clusters).column_sums(X, out)
+    return out
+
+
 def nearest(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
     """Index of the nearest of ``centers`` (raw coordinates) for every row of ``X``. Local.
 

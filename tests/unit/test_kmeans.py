@@ -565,15 +565,18 @@ def test_executors_agree_pass_by_pass(dtype, weighted):
         biggest = ex.centred_stats(X, X.mean(axis=0, dtype=np.float64), w, weighted, stats)
         counts = np.zeros(k)
         inertia = ex.inertia_counts(X, w, weighted, centers, labels, counts)
+        columns = np.ones(d)
+        ex.column_sums(X, columns)
         out.append((labels, changed, recorded, rows[:recorded], old[:recorded], overflow, sums, weights,
-                    members, stats, biggest, counts, inertia))
+                    members, stats, biggest, counts, inertia, columns))
     a, b = out
     expected = (dist + q).argmin(axis=1)
     np.testing.assert_array_equal(a[0], expected)
     for exact in (0, 1, 2, 3, 4, 5, 8, 11):
         np.testing.assert_array_equal(a[exact], b[exact])
     assert a[1] > 5 and a[5] == -1  # labels changed; the 5-row buffer overflowed
-    for close in (6, 7, 9, 10, 12):
+    np.testing.assert_allclose(a[13], 1.0 + X.sum(axis=0, dtype=np.float64), rtol=1e-12)
+    for close in (6, 7, 9, 10, 12, 13):
         np.testing.assert_allclose(a[close], b[close], rtol=1e-12, atol=1e-9)
 
 
