@@ -105,6 +105,16 @@ class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
     so such a fit stops after one iteration with a ``ConvergenceWarning`` about the number of
     distinct clusters.
 
+    Speed: every pass over the rows runs in bounded chunks, the distances as one BLAS GEMM per
+    chunk. The other row passes run on one of two executors, chosen from the fit's total rows x
+    clusters (so the same on every rank): below 2**20, NumPy, so a first small fit in a fresh
+    process needs no compiled code (measured 30 ms in an engine on 6,000 x 5, k=8, against
+    24 ms for scikit-learn's first fit); above, numba-compiled passes, which make an iteration
+    faster than scikit-learn's and cost about 0.3 s the first time a process uses them (loaded
+    from numba's disk cache; about 1.5 s once, when the cache is empty). ``MPINB_NUMBA=0`` or
+    ``1`` forces one executor; their labels can differ only for rows equally near two centres
+    within round-off.
+
     Ties: a row equidistant from several centres goes to the lowest centre index only up to
     the float round-off of the distance computation (``|c'|^2 - 2 x.c'`` from one GEMM per
     chunk, in centred coordinates), like scikit-learn, whose ties are also decided by its own

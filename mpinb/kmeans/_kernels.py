@@ -1,7 +1,7 @@
 """The per-row passes of mpinb's k-means, in two executors with one interface. Local.
 
-Lloyd's loop (:mod:`._lloyd`) is written once against six passes -- the argmin over a chunk's
-distance block with change tracking, full and incremental per-cluster sums, the column sums and
+Lloyd's loop (:mod:`._lloyd`) is written once against six passes -- the assignment (per chunk,
+a GEMM and the argmin over its distance block, with change tracking), full and incremental per-cluster sums, the column sums and
 the centring statistics, and the final inertia -- and :func:`kernels` hands it an executor for them:
 
 - **compiled** (numba, ``cache=True`` so later processes load the machine code from disk):
@@ -12,9 +12,10 @@ the centring statistics, and the final inertia -- and :func:`kernels` hands it a
   ~0.3 s that numba's first use costs even with a warm disk cache.
 
 Which one runs is decided from the size of the work (rows x clusters), so every rank of a fit
-takes the same one, and both give the same labels from the same distance block (the GEMM stays
-in BLAS and the argmin rule, lowest index on exact ties, is the same); sums differ only in
-summation order. ``MPINB_NUMBA`` overrides the choice: ``0`` (off) always NumPy, ``1`` (on)
+takes the same one. Both take the GEMM from BLAS (NumPy's for the NumPy executor; SciPy's, which
+numba calls, for the compiled one) and the argmin with the same rule, lowest index on exact
+ties, so their labels can differ only where two centres are equally near within the GEMM's
+round-off; sums differ only in summation order. ``MPINB_NUMBA`` overrides the choice: ``0`` (off) always NumPy, ``1`` (on)
 always compiled; unset or ``auto`` decides by size.
 """
 
@@ -83,6 +84,18 @@ def _argmin_rows(dist, q, labels, start, track_rows, track_old, recorded):
     return changed, recorded
 
 
+def _assign_rows(X, c2t, q, labels, track_rows, track_old, recorded, block):
+    n, k = X.shape[0], c2t.shape[1]
+    buf = np.empty((min(block, max(n, 1)), k), dtype=c2t.dtype)
+    changed = 0
+    for s, e in chunks(n, block):
+        out = buf[: e - s]
+        np.dot(X[s:e], c2t, out=out)
+        found, recorded = _argmin_rows(out, q, labels[s:e], s, track_rows, track_old, recorded)
+        changed += found
+    return changed, recorded
+
+
 def _add_rows(X, w, labels, sign, sums, weights, members):
     """Add ``sign`` times each row (times its weight) to its cluster; ``w`` is None for ones."""
     k = sums.shape[0]
@@ -137,6 +150,7 @@ def _inertia_counts(X, w, weighted, centers, labels, counts):
 
 NUMPY = SimpleNamespace(
     name="numpy",
+    assign_rows=_assign_rows,
     argmin_rows=_argmin_rows,
     sums_full=_sums_full,
     sums_delta=_sums_delta,
@@ -188,6 +202,27 @@ def _compile(numba: Any) -> SimpleNamespace:
                     else:
                         recorded = -1
                 labels[i] = arg
+        return changed, recorded
+
+    @jit
+    def assign_rows(X, c2t, q, labels, track_rows, track_old, recorded, block):
+        """The assignment step: per chunk of ``block`` rows, the GEMM ``X[s:e] @ c2t`` (BLAS,
+        called from compiled code: a Python loop over the chunks cost 15% of the step in call
+        overhead) and :func:`argmin_rows` over it while it is in cache."""
+        n, k = X.shape[0], c2t.shape[1]
+        buf = np.empty((min(block, max(n, 1)), k), dtype=c2t.dtype)
+        changed = 0
+        for s in range(0, n, block):
+            e = min(n, s + block)
+            # A copy only for rows that are not C-contiguous (BLAS wants contiguous operands).
+            rows = np.ascontiguousarray(X[s:e])
+            out = buf[: e - s]
+            if e - s == buf.shape[0]:
+                np.dot(rows, c2t, out)
+            else:
+                out = np.dot(rows, c2t)
+            found, recorded = argmin_rows(out, q, labels[s:e], s, track_rows, track_old, recorded)
+            changed += found
         return changed, recorded
 
     @jit
@@ -266,6 +301,7 @@ def _compile(numba: Any) -> SimpleNamespace:
 
     return SimpleNamespace(
         name="compiled",
+        assign_rows=assign_rows,
         argmin_rows=argmin_rows,
         sums_full=sums_full,
         sums_delta=sums_delta,

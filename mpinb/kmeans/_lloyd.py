@@ -299,18 +299,12 @@ def assign(
     c2t = np.ascontiguousarray((-2.0 * centers).T, dtype=gemm_dtype)
     q = np.ascontiguousarray(np.einsum("ij,ij->i", centers, centers) + 2.0 * (centers @ mean))
     block = chunk_rows(k, _ASSIGN_BLOCK_ELEMENTS, maximum=_MAX_BLOCK_ROWS)
-    buf = np.empty((min(block, max(n, 1)), k), dtype=gemm_dtype)
     if track is None:
         rows, old = np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int32)
         recorded = -1
     else:
         (rows, old), recorded = track, 0
-    n_changed = 0
-    for s, e in chunks(n, block):
-        out = buf[: e - s]
-        np.dot(X[s:e], c2t, out=out)
-        changed, recorded = run_on.argmin_rows(out, q, labels[s:e], s, rows, old, recorded)
-        n_changed += changed
+    n_changed, recorded = run_on.assign_rows(X, c2t, q, labels, rows, old, recorded, block)
     if track is None or recorded < 0:
         return _Changes(n_changed, None, None)
     return _Changes(n_changed, rows[:recorded], old[:recorded])
