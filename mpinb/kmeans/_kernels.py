@@ -148,16 +148,17 @@ def _inertia_counts(X, w, weighted, centers, labels, counts):
     return total
 
 
-NUMPY = SimpleNamespace(
-    name="numpy",
-    assign_rows=_assign_rows,
-    argmin_rows=_argmin_rows,
-    sums_full=_sums_full,
-    sums_delta=_sums_delta,
-    column_sums=_column_sums,
-    centred_stats=_centred_stats,
-    inertia_counts=_inertia_counts,
-)
+# The interface both executors implement, with the same signatures.
+PASSES = ("assign_rows", "argmin_rows", "sums_full", "sums_delta", "column_sums", "centred_stats", "inertia_counts")
+
+
+def _executor(name: str, namespace: dict[str, Any]) -> SimpleNamespace:
+    """The passes named in PASSES, found in ``namespace`` under their names (``_`` + name for
+    the NumPy ones)."""
+    return SimpleNamespace(name=name, **{p: namespace.get(p) or namespace[f"_{p}"] for p in PASSES})
+
+
+NUMPY = _executor("numpy", globals())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -299,13 +300,4 @@ def _compile(numba: Any) -> SimpleNamespace:
             counts[c] += 1.0
         return total
 
-    return SimpleNamespace(
-        name="compiled",
-        assign_rows=assign_rows,
-        argmin_rows=argmin_rows,
-        sums_full=sums_full,
-        sums_delta=sums_delta,
-        column_sums=column_sums,
-        centred_stats=centred_stats,
-        inertia_counts=inertia_counts,
-    )
+    return _executor("compiled", locals())
