@@ -115,13 +115,55 @@ def test_float32_shards():
     assert_everywhere((ours.labels_ != local(ref.labels_)).mean() <= 1e-3)
 
 
-def test_score_is_collective_and_predict_local():
+def test_predict_transform_score_on_shards_equal_sklearn_on_all_rows():
+    """Each rank passes its shard; predictions and distances (gathered in rank order) and the
+    collective score equal scikit-learn's on all rows, with and without weights."""
     X = blobs()
-    km = KMeans(6, random_state=0).fit(local(X))
-    score = km.score(local(X))
+    w = np.random.default_rng(3).uniform(0, 2, len(X))
+    ref = SkKMeans(6, init=X[:6], n_init=1, algorithm="lloyd").fit(X)
+    km = KMeans(6, init=X[:6]).fit(local(X))
+    new = blobs(seed=11)  # rows the model has not seen
+    labels = mpinb.gather_rows(km.predict(local(new)), root=None)
+    assert_everywhere(np.array_equal(labels, ref.predict(new)), "predict over shards")
+    dist = mpinb.gather_rows(km.transform(local(new)), root=None)
+    assert_everywhere(np.allclose(dist, ref.transform(new), rtol=1e-9, atol=1e-9), "transform over shards")
+    score = km.score(local(new))
     assert_same_everywhere(score)
-    assert_everywhere(score == pytest.approx(-km.inertia_, rel=1e-12), "score")
-    assert_everywhere(np.array_equal(km.predict(local(X)), km.labels_), "predict")
+    assert_everywhere(score == pytest.approx(ref.score(new), rel=1e-10), f"score {score} vs {ref.score(new)}")
+    weighted = km.score(local(new), sample_weight=local(w))
+    assert_everywhere(weighted == pytest.approx(ref.score(new, sample_weight=w), rel=1e-10), "weighted score")
+    assert_everywhere(km.score(local(X)) == pytest.approx(-km.inertia_, rel=1e-12), "score of the fitted rows")
+    assert_everywhere(np.array_equal(km.predict(local(X)), km.labels_), "predict of the fitted rows")
+
+
+def test_predict_and_transform_are_local():
+    """No communication: a call on one rank only returns (it would hang if it waited for the others)."""
+    X = blobs()
+    km = KMeans(6, init=X[:6]).fit(local(X))
+    if RANK == SIZE - 1:
+        assert km.predict(X[:5]).shape == (5,)
+        assert km.transform(X[:5]).shape == (5, 6)
+    COMM.Barrier()
+
+
+def test_score_errors_reach_every_rank():
+    X = blobs()
+    km = KMeans(6, init=X[:6]).fit(local(X))
+    bad = local(X).copy()
+    if RANK == SIZE - 1 and len(bad):
+        bad[0, 0] = np.nan
+    with raises_everywhere(ValueError, "contains NaN"):
+        km.score(bad)
+    narrow = local(X)[:, :3] if RANK == 0 else local(X)
+    with raises_everywhere(ValueError, "features"):
+        km.score(narrow)
+    if SIZE > 1:
+        other = KMeans(6, init=X[:6]).fit(local(X))
+        if RANK == 1:
+            other.cluster_centers_ = other.cluster_centers_ + 1.0  # as if refitted alone
+        with raises_everywhere(CollectiveMismatchError, "cluster_centers_"):
+            other.score(local(X))
+    assert_everywhere(km.score(local(X)) == pytest.approx(-km.inertia_, rel=1e-12), "score after the errors")
 
 
 # ---------------------------------------------------------------------------------------------
