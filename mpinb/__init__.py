@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "KMeans": "mpinb.kmeans",
     "MPICluster": "mpinb.client",
+    "MiniBatchKMeans": "mpinb.kmeans",
     "plot_clusters": "mpinb.client.plotting",
     "plot_inertia": "mpinb.client.plotting",
     "plot_loss": "mpinb.client.plotting",
@@ -37,6 +38,7 @@ __all__ = [
     "CollectiveTimeout",
     "KMeans",
     "MPICluster",
+    "MiniBatchKMeans",
     "World",
     "__version__",
     "allreduce",
