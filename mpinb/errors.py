@@ -244,6 +244,22 @@ def _check_int(value: Any, name: str, *, minimum: int | None = None, unit: str =
     return int(value)
 
 
+def _digest(value: Any) -> str:
+    """A short, process-independent digest of an array (its dtype, shape and bytes) or of a
+    ``numpy.random.RandomState``'s state, for :func:`check_same` and agreement checks. Local."""
+    import hashlib
+
+    import numpy as np
+
+    if isinstance(value, np.random.RandomState):
+        state = value.get_state()
+        data = state[1].tobytes() + repr(state[2:]).encode()
+    else:
+        arr = np.ascontiguousarray(value)
+        data = repr((arr.dtype.str, arr.shape)).encode() + arr.tobytes()
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
 def _resolve(comm: Any) -> Any:
     if comm is None:
         from mpi4py import MPI

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import numbers
 import warnings
@@ -12,7 +11,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning
 
-from mpinb.errors import _check_int, _is_int, _resolve, check_same, raise_together
+from mpinb.errors import _check_int, _digest, _is_int, _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._fitted import FittedCentres, as_data, as_weights, raise_nonfinite
 from mpinb.kmeans._lloyd import Run, Shard, column_sums, lloyd, same_clustering
@@ -316,11 +315,10 @@ def _describe_params(params: dict[str, Any]) -> tuple[Any, ...]:
         name = getattr(init, "__qualname__", type(init).__qualname__)
         init = ("callable", getattr(init, "__module__", None), name)
     elif not isinstance(init, str):
-        init = ("array", init.shape, hashlib.blake2b(np.ascontiguousarray(init).tobytes(), digest_size=8).hexdigest())
+        init = ("array", init.shape, _digest(init))
     rs = params["random_state"]
     if isinstance(rs, np.random.RandomState):
-        state = rs.get_state()
-        rs = ("RandomState", hashlib.blake2b(state[1].tobytes() + repr(state[2:]).encode(), digest_size=8).hexdigest())
+        rs = ("RandomState", _digest(rs))
     return (
         ("n_clusters", params["n_clusters"]),
         ("init", init),

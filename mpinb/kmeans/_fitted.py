@@ -7,14 +7,13 @@ there); ``score`` sums over the ranks and is collective.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import numpy as np
 from sklearn.exceptions import NotFittedError
 
 from mpinb import _collective
-from mpinb.errors import _resolve, check_same, raise_together
+from mpinb.errors import _digest, _resolve, check_same, raise_together
 from mpinb.kmeans._lloyd import chunk_rows, chunks, column_sums, euclidean, local_inertia, nearest
 
 __all__ = ["FittedCentres", "as_data", "as_weights", "raise_nonfinite"]
@@ -108,8 +107,7 @@ class FittedCentres:
             centers = np.asarray(self.cluster_centers_, dtype=np.float64)
             local = local_inertia(X, weights, centers, nearest(X, centers))
         # A rank scoring another model (refitted alone, say) would add a meaningless term.
-        digest = hashlib.blake2b(centers.tobytes(), digest_size=8).hexdigest()
-        check_same(digest, f"the {name}'s cluster_centers_ (a digest)", comm=comm)
+        check_same(_digest(centers), f"the {name}'s cluster_centers_ (a digest)", comm=comm)
         total = np.array([local])
         _collective.reduce_in_place([total], comm=comm, name=f"{name}.score")
         return -float(total[0])

@@ -3,7 +3,6 @@ and a user's callable, checked to agree across ranks."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Callable
 
 import numpy as np
@@ -58,18 +57,14 @@ def _from_callable(data: Shard, init: Callable[..., Any], k: int, rng: np.random
     centres that depend on which rows a rank holds raise :class:`CollectiveMismatchError` on
     every rank instead of silently depending on the number of ranks.
     """
-    from mpinb.errors import CollectiveMismatchError, raise_together
+    from mpinb.errors import CollectiveMismatchError, _digest, raise_together
 
     d = data.X.shape[1]
     shard = data.X.view()
     shard.flags.writeable = False
     with raise_together(comm=data.comm):
         centers = _callable_result(init(shard, k, random_state=rng), k, d).astype(data.out_dtype)
-    state = rng.get_state()
-    digests = (
-        hashlib.blake2b(np.ascontiguousarray(centers).tobytes(), digest_size=8).hexdigest(),
-        hashlib.blake2b(state[1].tobytes() + repr(state[2:]).encode(), digest_size=8).hexdigest(),
-    )
+    digests = (_digest(centers), _digest(rng))
     table = _collective.allgather(digests, comm=data.comm, name="KMeans.fit's init callable check")
     for part, (what, fix) in enumerate(_CALLABLE_MISMATCH):
         groups: dict[str, list[int]] = {}

@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 from sklearn.base import clone
 from sklearn.cluster import KMeans as SkKMeans
-from sklearn.datasets import load_digits, load_iris, make_blobs
+from sklearn.datasets import load_iris, make_blobs
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.metrics import pairwise_distances
 
