@@ -190,17 +190,7 @@ class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
             comm = _resolve(self.comm)
             with raise_together(comm=comm):
                 params = self._validated_params()
-                X = as_data(X_local)
-                weights = as_weights(sample_weight, X.shape[0])
-                init = params["init"]
-                if isinstance(init, np.ndarray) and init.shape != (params["n_clusters"], X.shape[1]):
-                    raise ValueError(
-                        f"init has shape {init.shape}, but it must be (n_clusters, n_features) = "
-                        f"({params['n_clusters']}, {X.shape[1]})."
-                    )
-                local_sum = column_sums(X, params["n_clusters"])
-                if not np.isfinite(local_sum).all():
-                    raise_nonfinite(X)
+                X, weights, local_sum = checked_rows(X_local, sample_weight, params)
             check_same(_describe_params(params), "the KMeans configuration", comm=comm)
             check_same(X.shape[1], "the number of features (columns of X_local)", comm=comm)
             data = Shard.build(
@@ -241,60 +231,87 @@ class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
 
     def _validated_params(self) -> dict[str, Any]:
         """Local checks of the hyper-parameters, with the messages users see on every rank."""
-        k = self.n_clusters
-        _check_int(k, "n_clusters", minimum=1)
-        init = self.init
-        if isinstance(init, str):
-            if init not in _INITS:
-                raise ValueError(
-                    f"init must be 'k-means++', 'k-means||', 'random', an array of shape "
-                    f"(n_clusters, n_features) or a callable; got {init!r}."
-                )
-        elif callable(init):
-            pass  # called in fit on every rank; its result is checked there, collectively
-        else:
-            try:
-                init = np.array(init, dtype=np.float64, copy=True)
-            except (TypeError, ValueError) as err:
-                raise ValueError(
-                    f"init must be 'k-means++', 'k-means||', 'random', an array of shape "
-                    f"(n_clusters, n_features) or a callable; got {type(self.init).__name__} ({err})."
-                ) from None
-            if not np.isfinite(init).all():
-                raise ValueError("init contains NaN or infinity; pass finite initial centres.")
-        n_init = self.n_init
-        if n_init == "auto":
-            # As scikit-learn: several runs where each start is a fresh random draw.
-            n_init = 10 if callable(init) or (isinstance(init, str) and init == "random") else 1
-        else:
-            _check_int(n_init, "n_init", minimum=1, alternative="'auto'")
-        if isinstance(init, np.ndarray) and n_init != 1:
-            warnings.warn(
-                f"Explicit initial center position passed: performing only one init in KMeans "
-                f"instead of n_init={n_init}.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            n_init = 1
-        _check_int(self.max_iter, "max_iter", minimum=1)
-        tol = self.tol
-        if not isinstance(tol, numbers.Real) or isinstance(tol, bool) or not tol >= 0 or math.isinf(tol):
-            raise ValueError(f"tol must be a finite number >= 0; got {tol!r}.")
-        rs = self.random_state
-        if not (rs is None or _is_int(rs) or isinstance(rs, np.random.RandomState)):
+        return check_params(self, auto_runs=10)
+
+
+def check_params(est: Any, *, auto_runs: int) -> dict[str, Any]:
+    """Local checks of the hyper-parameters every k-means estimator of mpinb has (``n_clusters``,
+    ``init``, ``n_init``, ``max_iter``, ``tol``, ``random_state``), with the messages users see on
+    every rank; ``n_init="auto"`` means ``auto_runs`` for a random or callable ``init``, 1
+    otherwise (scikit-learn's KMeans says 10, its MiniBatchKMeans 3)."""
+    name = type(est).__name__
+    k = est.n_clusters
+    _check_int(k, "n_clusters", minimum=1)
+    init = est.init
+    if isinstance(init, str):
+        if init not in _INITS:
             raise ValueError(
-                f"random_state must be None, an int or a numpy.random.RandomState; got {rs!r}."
+                f"init must be 'k-means++', 'k-means||', 'random', an array of shape "
+                f"(n_clusters, n_features) or a callable; got {init!r}."
             )
-        if _is_int(rs) and not 0 <= rs < 2**32:
-            raise ValueError(f"random_state must be between 0 and 2**32 - 1; got {rs!r}.")
-        return {
-            "n_clusters": int(k),
-            "init": init,
-            "n_init": int(n_init),
-            "max_iter": int(self.max_iter),
-            "tol": float(tol),
-            "random_state": rs,
-        }
+    elif callable(init):
+        pass  # called in fit on every rank; its result is checked there, collectively
+    else:
+        try:
+            init = np.array(init, dtype=np.float64, copy=True)
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"init must be 'k-means++', 'k-means||', 'random', an array of shape "
+                f"(n_clusters, n_features) or a callable; got {type(est.init).__name__} ({err})."
+            ) from None
+        if not np.isfinite(init).all():
+            raise ValueError("init contains NaN or infinity; pass finite initial centres.")
+    n_init = est.n_init
+    if n_init == "auto":
+        # As scikit-learn: several runs where each start is a fresh random draw.
+        n_init = auto_runs if callable(init) or (isinstance(init, str) and init == "random") else 1
+    else:
+        _check_int(n_init, "n_init", minimum=1, alternative="'auto'")
+    if isinstance(init, np.ndarray) and n_init != 1:
+        warnings.warn(
+            f"Explicit initial center position passed: performing only one init in {name} "
+            f"instead of n_init={n_init}.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        n_init = 1
+    _check_int(est.max_iter, "max_iter", minimum=1)
+    tol = est.tol
+    if not isinstance(tol, numbers.Real) or isinstance(tol, bool) or not tol >= 0 or math.isinf(tol):
+        raise ValueError(f"tol must be a finite number >= 0; got {tol!r}.")
+    rs = est.random_state
+    if not (rs is None or _is_int(rs) or isinstance(rs, np.random.RandomState)):
+        raise ValueError(
+            f"random_state must be None, an int or a numpy.random.RandomState; got {rs!r}."
+        )
+    if _is_int(rs) and not 0 <= rs < 2**32:
+        raise ValueError(f"random_state must be between 0 and 2**32 - 1; got {rs!r}.")
+    return {
+        "n_clusters": int(k),
+        "init": init,
+        "n_init": int(n_init),
+        "max_iter": int(est.max_iter),
+        "tol": float(tol),
+        "random_state": rs,
+    }
+
+
+def checked_rows(X_local: Any, sample_weight: Any, params: dict[str, Any] | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """This rank's rows, weights and float64 column sums, or the local error (run it inside
+    ``raise_together``); with ``params``, an array ``init`` is checked against the rows' width."""
+    X = as_data(X_local)
+    weights = as_weights(sample_weight, X.shape[0])
+    init = None if params is None else params["init"]
+    if isinstance(init, np.ndarray) and init.shape != (params["n_clusters"], X.shape[1]):
+        raise ValueError(
+            f"init has shape {init.shape}, but it must be (n_clusters, n_features) = "
+            f"({params['n_clusters']}, {X.shape[1]})."
+        )
+    # The column sums give the mean and, being non-finite exactly when some value is, the check.
+    local_sum = column_sums(X, 1 if params is None else params["n_clusters"])
+    if not np.isfinite(local_sum).all():
+        raise_nonfinite(X)
+    return X, weights, local_sum
 
 
 def _publishing_hook(
