@@ -79,13 +79,15 @@ class Shard:
         init: Any,
         tol: float,
         comm: Any,
+        name: str = "KMeans.fit",
     ) -> Shard:
-        """Two passes over the shard and four small collectives: counts, mean, variance, norms."""
+        """Two passes over the shard and four small collectives: counts, mean, variance, norms.
+        ``name`` (the estimator's method) names the collectives in errors and timeouts."""
         n, d = X.shape
         wsum = float(n) if weights is None else float(weights.sum())
         npos = n if weights is None else int(np.count_nonzero(weights > 0))
         table = np.array(_collective.allgather((n, wsum, npos, X.dtype == np.float32), comm=comm,
-                                               name="KMeans.fit's shard summary"), dtype=np.float64)
+                                               name=f"{name}'s shard summary"), dtype=np.float64)
         counts, weight_sums, positive = table[:, 0].astype(np.int64), table[:, 1], table[:, 2].astype(np.int64)
         rank, size = comm.Get_rank(), comm.Get_size()
         k, total = n_clusters, int(counts.sum())
@@ -105,7 +107,7 @@ class Shard:
                 f"{int(positive.sum())} {where}."
             )
         sums = local_sum.copy()
-        _collective.reduce_in_place([sums], comm=comm, name="KMeans.fit's mean")
+        _collective.reduce_in_place([sums], comm=comm, name=f"{name}'s mean")
         mean = sums / total
         # Second pass, centred: per-feature variance (for tol), the largest squared norm (the
         # initialisation's overflow guard) and the weighted total (for the per-iteration inertia).
@@ -114,7 +116,7 @@ class Shard:
         unit = weights is None
         run = kernels(total * k)
         biggest[0] = run.centred_stats(X, mean, _NO_WEIGHTS if unit else weights, not unit, stats)
-        with _collective.collective(comm, "KMeans.fit's variance", (stats.shape, biggest.shape)) as call:
+        with _collective.collective(comm, f"{name}'s variance", (stats.shape, biggest.shape)) as call:
             call.allreduce([stats], "sum")
             call.allreduce([biggest], "max")
         tol = float(np.mean(stats[:d] / total) * tol) if tol else 0.0
