@@ -18,13 +18,16 @@ from mpinb.errors import _check_int, _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._estimator import KMeans, _describe_params
 from mpinb.kmeans._fitted import FittedCentres, as_data, as_weights, raise_nonfinite
-from mpinb.kmeans._lloyd import Shard, chunk_rows, chunks, local_inertia, nearest
+from mpinb.kmeans._kernels import kernels
+from mpinb.kmeans._lloyd import Shard, local_inertia, nearest
 from mpinb.live import Progress
 
 __all__ = ["MiniBatchKMeans"]
 
 # Published inertia points per fit at most (mpinb.live sends the whole series in each message).
 _PROGRESS_POINTS = 1000
+# The weights argument of an unweighted pass (the compiled passes need an array of one type).
+_NO_WEIGHTS = np.empty(0)
 
 
 class MiniBatchKMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
@@ -141,9 +144,10 @@ class MiniBatchKMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimat
     Cost: scikit-learn's early stopping smooths the batch inertia over about
     ``n_samples / (2 * batch_size)`` mini-batches, so a fit draws roughly one to two passes'
     worth of rows whatever the data size (25,000-30,000 mini-batches of 1,024 for 20,000,000
-    rows in ``benchmarks/minibatch.py``). Each mini-batch costs a fixed few hundred microseconds
-    (Python, and the Allreduce's round trip) besides its rows, so a larger ``batch_size`` spreads
-    that cost over more rows.
+    rows in ``benchmarks/minibatch.py``). Each mini-batch costs a fixed few tens of microseconds
+    (Python, and the Allreduce's round trip) besides its rows -- with the compiled pass, which
+    reads the drawn rows where they lie, about 0.12 ms in all for 1,024 rows of 16 features on one
+    rank -- so a larger ``batch_size`` spreads that cost over more rows.
 
     Examples
     --------
@@ -311,10 +315,12 @@ class MiniBatchKMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimat
                 centers = _initial_centers(data, idx, params, rng)
                 state = _State(np.zeros(k), 0, batch)
             done = getattr(self, "n_steps_", 0)
-            step = _Step(k, X.shape[1], comm, "mpinb.MiniBatchKMeans.partial_fit", done)
+            # The executor from the global batch, so every rank takes the same one.
+            step = _Step(k, X.shape[1], comm, "mpinb.MiniBatchKMeans.partial_fit", kernels(n * k), done)
             fetch = functools.partial(layout.rows_only, X)
             ratio = params["reassignment_ratio"]
-            centers, _ = _one_step(step, X, weights, centers, state, ratio, n, rng, stop, fetch)
+            rows = np.arange(X.shape[0])
+            centers, _ = _one_step(step, X, rows, weights, centers, state, ratio, n, rng, stop, fetch)
             labels = None
             if params["compute_labels"]:
                 labels, inertia = _labels_inertia(X, weights, centers, comm, "MiniBatchKMeans.partial_fit")
@@ -498,6 +504,7 @@ class _Sampler:
         self.layout = _Layout(data.counts, data.comm)
         self.n = data.n_total
         self.lo, self.hi = data.offset, data.offset + data.n_local
+        self.everything: np.ndarray | None = None  # positions 0..batch-1, when this rank holds every row
         if weighted:
             w = data.weights if data.weights is not None else np.ones(data.n_local)
             self.w_ends = np.cumsum(data.weight_sums)
@@ -512,8 +519,14 @@ class _Sampler:
         if not self.weighted:
             g = (u * self.n).astype(np.int64)
             np.minimum(g, self.n - 1, out=g)
-            mine = np.flatnonzero((g >= self.lo) & (g < self.hi))
-            return _Draws(g, mine, g[mine] - self.lo)
+            if self.hi - self.lo == self.n:
+                if self.everything is None or self.everything.size != g.size:
+                    self.everything = np.arange(g.size)
+                return _Draws(g, self.everything, g)
+            # lo <= g < hi as one unsigned comparison: a row below lo wraps to a huge offset.
+            off = g - self.lo
+            mine = np.flatnonzero(off.view(np.uint64) < self.hi - self.lo)
+            return _Draws(g, mine, off[mine])
         t = u * self.total
         mine = np.flatnonzero(self._owner(t) == self.data.rank)
         local = np.searchsorted(self.cum, t[mine], side="right")
@@ -651,7 +664,7 @@ class _State:
         """scikit-learn's ``_random_reassign``: every ``10 * n_clusters`` rows seen, or whenever a
         centre has absorbed nothing yet."""
         self.since += self.batch
-        if (self.counts == 0).any() or self.since >= 10 * self.counts.size:
+        if self.since >= 10 * self.counts.size or self.counts.min() == 0:  # weights are >= 0
             self.since = 0
             return True
         return False
@@ -675,16 +688,18 @@ def _minibatches(
     monitor = _Monitor(batch, n, data.tol, params["max_no_improvement"])
     n_steps = (params["max_iter"] * n) // batch
     total_weight = float(data.weight_sums.sum())
-    step = _Step(k, d, data.comm, "mpinb.MiniBatchKMeans.fit")
+    # The executor from the global size, so every rank takes the same one.
+    step = _Step(k, d, data.comm, "mpinb.MiniBatchKMeans.fit", kernels(n * k))
     stride = max(1, n_steps // _PROGRESS_POINTS)
+    X, ratio = data.X, params["reassignment_ratio"]
     i = 0
     # Rank 0 publishes the inertia curve to the notebook (mpinb.live.watch).
     with Progress("inertia", total=n_steps, comm=data.comm) as progress:
         for i in range(n_steps):
             draws = sampler.draw(rng.random_sample(batch))
-            new, batch_inertia = _one_step(step, data.X[draws.local], None, centers, state,
-                                           params["reassignment_ratio"], batch, rng, stop,
-                                           functools.partial(sampler.rows, data.X, draws))
+            # The pass reads the drawn rows in place: no gathered copy of the mini-batch.
+            new, batch_inertia = _one_step(step, X, draws.local, None, centers, state, ratio, batch, rng,
+                                           stop, functools.partial(sampler.rows, X, draws))
             shift = float(np.sum((new - centers) ** 2)) if data.tol > 0 else 0.0
             centers = new
             done = monitor.done(i, shift, batch_inertia)
@@ -699,13 +714,15 @@ def _minibatches(
 
 
 def _one_step(
-    step: _Step, X: np.ndarray, weights: np.ndarray | None, centers: np.ndarray, state: _State, ratio: float,
-    batch_rows: int, rng: np.random.RandomState, stop: StopFlag, fetch: Callable[[np.ndarray], np.ndarray],
+    step: _Step, X: np.ndarray, rows: np.ndarray, weights: np.ndarray | None, centers: np.ndarray,
+    state: _State, ratio: float, batch_rows: int, rng: np.random.RandomState, stop: StopFlag,
+    fetch: Callable[[np.ndarray], np.ndarray],
 ) -> tuple[np.ndarray, float]:
     """scikit-learn's ``_mini_batch_step`` on a mini-batch of ``batch_rows`` rows over all ranks,
-    of which this rank holds ``X``: the new centres and the batch inertia. Collective."""
+    of which this rank holds ``X[rows]`` (``weights`` indexed like ``X``): the new centres and the
+    batch inertia. Collective."""
     due = state.due()  # decided before the update, from the weights accumulated so far
-    sums, wsum, inertia = step.sums_of(X, weights, centers, stop)
+    sums, wsum, inertia = step.sums_of(X, rows, weights, centers, stop)
     new = _update(centers, state.counts, sums, wsum)
     if due and ratio > 0:
         _reassign(new, state.counts, ratio, batch_rows, rng, fetch)
@@ -715,51 +732,47 @@ def _one_step(
 class _Step:
     """The local sums of one mini-batch and their one Allreduce: ``[sums | weights | inertia | stop]``."""
 
-    def __init__(self, k: int, d: int, comm: Any, where: str, done: int = 0) -> None:
-        self.k, self.d, self.comm, self.where = k, d, comm, where
+    def __init__(self, k: int, d: int, comm: Any, where: str, run_on: Any, done: int = 0) -> None:
+        self.comm, self.where, self.run_on = comm, where, run_on
+        self.name = f"{where}'s mini-batch"
         self.packed = np.empty(k * d + k + 2)
+        self.sums = self.packed[: k * d].reshape(k, d)
+        self.wsum = self.packed[k * d : k * d + k]
         self.calls = done  # mini-batches before this one, for the interrupt's message
 
     def sums_of(
-        self, X: np.ndarray, weights: np.ndarray | None, centers: np.ndarray, stop: StopFlag
+        self, X: np.ndarray, rows: np.ndarray, weights: np.ndarray | None, centers: np.ndarray, stop: StopFlag
     ) -> tuple[np.ndarray, np.ndarray, float]:
         """Global per-cluster weighted sums (k, d), weights (k) and the batch inertia against
-        ``centers`` of the rows every rank passes (each rank its own). Collective; a stop
-        requested on any rank raises ``KeyboardInterrupt`` on every rank here."""
-        k, d = self.k, self.d
+        ``centers`` of the rows ``X[rows]`` every rank passes (each rank its own; repeats count
+        once per occurrence). Collective; a stop requested on any rank raises
+        ``KeyboardInterrupt`` on every rank here."""
         packed = self.packed
         packed[:] = 0.0
-        sums = packed[: k * d].reshape(k, d)
-        wsum = packed[k * d : k * d + k]
-        m = X.shape[0]
-        if m:
-            labels = nearest(X, centers)
-            for s, e in chunks(m, chunk_rows(k)):
-                # A one-hot (k, rows) block carrying the weights: the sums are one small GEMM.
-                onehot = np.zeros((k, e - s))
-                onehot[labels[s:e], np.arange(e - s)] = 1.0 if weights is None else weights[s:e]
-                sums += onehot @ X[s:e].astype(np.float64, copy=False)
-                wsum += onehot.sum(axis=1)
-            packed[-2] = local_inertia(X, weights, centers, labels)
+        if rows.size:
+            w = _NO_WEIGHTS if weights is None else weights
+            packed[-2] = self.run_on.batch_sums(X, rows, w, weights is not None, centers, self.sums, self.wsum)
         packed[-1] = stop.value
         self.calls += 1
-        _collective.reduce_in_place([packed], comm=self.comm, name=f"{self.where}'s mini-batch")
+        _collective.reduce_in_place([packed], comm=self.comm, name=self.name)
         if packed[-1] > 0:
             stop.raise_interrupt(f"{self.where} (mini-batch {self.calls})")
-        return sums.copy(), wsum.copy(), float(packed[-2])
+        return self.sums.copy(), self.wsum.copy(), float(packed[-2])
 
 
 def _update(centers: np.ndarray, counts: np.ndarray, sums: np.ndarray, wsum: np.ndarray) -> np.ndarray:
     """New centres: each one the weighted mean of everything it has absorbed (scikit-learn's
     per-centre learning rate ``w_batch / W``); ``counts`` accumulate in place. Local."""
+    new = centers * counts[:, None]
+    new += sums
+    counts += wsum
+    if wsum.min() > 0:  # the usual case, without the errstate context's cost
+        new *= (1.0 / counts)[:, None]
+        return new
     with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0 where nothing arrived: replaced below
-        new = centers * counts[:, None]
-        new += sums
-        counts += wsum
         new *= (1.0 / counts)[:, None]
     missed = wsum <= 0
-    if missed.any():
-        new[missed] = centers[missed]  # untouched, not rescaled by W / W
+    new[missed] = centers[missed]  # untouched, not rescaled by W / W
     return new
 
 
@@ -773,9 +786,10 @@ def _reassign(
     within the mini-batch as scikit-learn draws them, and ``fetch`` gathers those rows
     (collective, only when some centre moves).
     """
-    low = counts < ratio * counts.max()
-    if not low.any():
+    threshold = ratio * counts.max()
+    if counts.min() >= threshold:
         return
+    low = counts < threshold
     if low.sum() > 0.5 * batch:
         # At most half a batch of centres: the heaviest of the light ones stay.
         low[np.argsort(counts)[int(0.5 * batch) :]] = False

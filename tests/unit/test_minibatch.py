@@ -22,6 +22,7 @@ from threadpoolctl import threadpool_limits
 import mpinb
 import mpinb.kmeans._minibatch as minibatch_module
 from mpinb import MiniBatchKMeans
+from mpinb.kmeans import _kernels
 from mpinb.kmeans._minibatch import _Sampler
 
 SELF = MPI.COMM_SELF
@@ -393,3 +394,60 @@ def test_interrupt_stops_at_the_next_mini_batch(how):
     assert not hasattr(mbk, "cluster_centers_")
     assert signal.getsignal(signal.SIGINT) is previous
     assert "_on_iteration" not in pickle.loads(pickle.dumps(mbk)).__dict__
+
+
+def _batch_sums_reference(X, rows, w, centers):
+    """The mini-batch pass from its definition: exact distances (float64), lowest index on ties."""
+    x = X[rows].astype(np.float64)
+    sq = ((x[:, None, :] - centers[None, :, :]) ** 2).sum(axis=2)
+    labels = sq.argmin(axis=1)
+    ws = np.ones(rows.size) if w is None else w[rows]
+    sums, wsum = np.zeros(centers.shape), np.zeros(len(centers))
+    np.add.at(sums, labels, x * ws[:, None])
+    np.add.at(wsum, labels, ws)
+    return sums, wsum, float(sq[np.arange(rows.size), labels] @ ws)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_executors_agree_on_the_mini_batch_pass(dtype, weighted):
+    """``batch_sums`` of the NumPy and compiled executors: the nearest centre by exact distance
+    (lowest index on exact ties), the weighted sums, weights and inertia of the rows ``X[rows]``
+    (repeats count once each), read in place from a non-contiguous array too; nothing for no rows."""
+    executors = (_kernels.kernels(_kernels.COMPILE_FROM), _kernels.NUMPY)
+    assert [ex.name for ex in executors] == ["compiled", "numpy"]
+    rng = np.random.default_rng(8)
+    n, d, k = 2000, 7, 9
+    w = rng.uniform(0, 2, n) if weighted else None
+    if weighted:
+        w[::7] = 0.0
+    wv = np.empty(0) if w is None else w
+    rows = rng.integers(0, n, 333)  # not a multiple of the compiled pass's block; repeats
+    normal = rng.normal(size=(n, d)).astype(dtype)
+    twin = rng.normal(size=(k, d))
+    twin[6] = twin[2]  # an exact tie between distinct indices: centre 6 never wins
+    # Small integers: many rows exactly equidistant from two or more distinct centres.
+    grid = rng.integers(-2, 3, size=(n, 2 * d)).astype(dtype)[:, ::2]  # strided rows
+    grid_centres = rng.integers(-1, 2, size=(k, d)).astype(np.float64)
+    for X, centers in ((normal, twin), (grid, grid_centres)):
+        want_sums, want_w, want_inertia = _batch_sums_reference(X, rows, w, centers)
+        exact = X is grid and not weighted  # integer sums: no round-off at all
+        for ex in executors:
+            sums, wsum = np.zeros((k, d)), np.zeros(k)
+            inertia = ex.batch_sums(X, rows, wv, weighted, centers, sums, wsum)
+            if exact:
+                np.testing.assert_array_equal(sums, want_sums, err_msg=ex.name)
+                np.testing.assert_array_equal(wsum, want_w, err_msg=ex.name)
+                assert inertia == want_inertia, ex.name
+            np.testing.assert_allclose(sums, want_sums, rtol=1e-12, atol=1e-12, err_msg=ex.name)
+            np.testing.assert_allclose(wsum, want_w, rtol=1e-12, atol=1e-12, err_msg=ex.name)
+            assert inertia == pytest.approx(want_inertia, rel=1e-12), ex.name
+            if X is normal:
+                assert wsum[6] == 0.0, ex.name
+        if X is grid:
+            ties = ((X[rows][:, None, :] - centers[None]) ** 2).sum(axis=2)
+            assert ((ties == ties.min(axis=1, keepdims=True)).sum(axis=1) > 1).mean() > 0.1
+    for ex in executors:
+        sums, wsum = np.zeros((k, d)), np.zeros(k)
+        assert ex.batch_sums(normal, np.empty(0, np.int64), wv, weighted, twin, sums, wsum) == 0.0
+        assert not sums.any() and not wsum.any()
