@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import numbers
 import warnings
@@ -14,10 +13,10 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 
 from mpinb import _collective
-from mpinb.errors import _check_int, _resolve, check_same, raise_together
+from mpinb.errors import _check_int, _digest, _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
-from mpinb.kmeans._estimator import KMeans, _describe_params
-from mpinb.kmeans._fitted import FittedCentres, as_data, as_weights, raise_nonfinite
+from mpinb.kmeans._estimator import _describe_params, check_params, checked_rows
+from mpinb.kmeans._fitted import FittedCentres
 from mpinb.kmeans._kernels import kernels
 from mpinb.kmeans._lloyd import Shard, local_inertia, nearest
 from mpinb.live import Progress
@@ -223,12 +222,13 @@ class MiniBatchKMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimat
             comm = _resolve(self.comm)
             with raise_together(comm=comm):
                 params = self._validated_params()
-                X, weights, local_sum = _checked_data(X_local, sample_weight, params)
+                X, weights, local_sum = checked_rows(X_local, sample_weight, params)
             check_same(_describe(params), "the MiniBatchKMeans configuration", comm=comm)
             check_same(X.shape[1], "the number of features (columns of X_local)", comm=comm)
             k = params["n_clusters"]
             data = Shard.build(
-                X, weights, local_sum, n_clusters=k, init=params["init"], tol=params["tol"], comm=comm
+                X, weights, local_sum, n_clusters=k, init=params["init"], tol=params["tol"], comm=comm,
+                name="MiniBatchKMeans.fit",
             )
             rng = _random_state(self.random_state, comm)
             batch, init_size = _sizes(params, data.n_total)
@@ -281,7 +281,7 @@ class MiniBatchKMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimat
             fitted = hasattr(self, "cluster_centers_")
             with raise_together(comm=comm):
                 params = self._validated_params()
-                X, weights, local_sum = _checked_data(X_local, sample_weight, None if fitted else params)
+                X, weights, local_sum = checked_rows(X_local, sample_weight, None if fitted else params)
                 if fitted and X.shape[1] != self.n_features_in_:
                     raise ValueError(
                         f"X_local has {X.shape[1]} features, but MiniBatchKMeans was fitted with "
@@ -295,7 +295,8 @@ class MiniBatchKMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimat
             else:
                 check_same(X.shape[1], "the number of features (columns of X_local)", comm=comm)
                 data = Shard.build(
-                    X, weights, local_sum, n_clusters=k, init=params["init"], tol=0.0, comm=comm
+                    X, weights, local_sum, n_clusters=k, init=params["init"], tol=0.0, comm=comm,
+                    name="MiniBatchKMeans.partial_fit",
                 )
                 layout, out_dtype = _Layout(data.counts, comm), data.out_dtype
             n = layout.n_total
@@ -336,27 +337,7 @@ class MiniBatchKMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimat
 
     def _validated_params(self) -> dict[str, Any]:
         """Local checks of the hyper-parameters, with the messages users see on every rank."""
-        # The parameters KMeans has too are checked by KMeans's own rules, so the two estimators
-        # accept the same values and say the same things about bad ones.
-        shared = KMeans(
-            self.n_clusters, init=self.init, n_init=1, max_iter=self.max_iter, tol=self.tol,
-            random_state=self.random_state,
-        )._validated_params()
-        init = shared["init"]
-        n_init = self.n_init
-        if n_init == "auto":
-            # As scikit-learn's MiniBatchKMeans: 3 runs where each start is a fresh random draw.
-            n_init = 3 if callable(init) or (isinstance(init, str) and init == "random") else 1
-        else:
-            n_init = _check_int(n_init, "n_init", minimum=1, alternative="'auto'")
-        if isinstance(init, np.ndarray) and n_init != 1:
-            warnings.warn(
-                f"Explicit initial center position passed: performing only one init in MiniBatchKMeans "
-                f"instead of n_init={n_init}.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            n_init = 1
+        shared = check_params(self, auto_runs=3)  # KMeans's rules: the same values, the same words
         batch_size = _check_int(
             self.batch_size, "batch_size", minimum=1, unit="number of rows over all ranks"
         )
@@ -373,7 +354,6 @@ class MiniBatchKMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimat
             raise ValueError(f"reassignment_ratio must be a finite number >= 0; got {ratio!r}.")
         return {
             **shared,
-            "n_init": int(n_init),
             "batch_size": batch_size,
             "compute_labels": bool(self.compute_labels),
             "max_no_improvement": patience,
@@ -384,25 +364,6 @@ class MiniBatchKMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimat
 
 # ----------------------------------------------------------------------------------------------
 # Input, sizes and set-up
-
-
-def _checked_data(
-    X_local: Any, sample_weight: Any, params: dict[str, Any] | None
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """The rows, weights and column sums, or the local error (run inside ``raise_together``).
-    ``params`` given: also check an array ``init`` against the rows' width."""
-    X = as_data(X_local)
-    weights = as_weights(sample_weight, X.shape[0])
-    init = None if params is None else params["init"]
-    if isinstance(init, np.ndarray) and init.shape != (params["n_clusters"], X.shape[1]):
-        raise ValueError(
-            f"init has shape {init.shape}, but it must be (n_clusters, n_features) = "
-            f"({params['n_clusters']}, {X.shape[1]})."
-        )
-    local_sum = X.sum(axis=0, dtype=np.float64)
-    if not np.isfinite(local_sum).all():
-        raise_nonfinite(X)
-    return X, weights, local_sum
 
 
 def _describe(params: dict[str, Any]) -> tuple[Any, ...]:
@@ -626,12 +587,7 @@ def _initial_centers(
             centers = _kmeans_parallel_on(sample, w, k, rng)
     centers = np.asarray(centers, dtype=np.float64)
     if callable(init):
-        state = rng.get_state()
-        digest = (
-            hashlib.blake2b(centers.tobytes(), digest_size=8).hexdigest(),
-            hashlib.blake2b(state[1].tobytes() + repr(state[2:]).encode(), digest_size=8).hexdigest(),
-        )
-        check_same(digest, "what init(X_sample, n_clusters, random_state) returned and left random_state in "
+        check_same((_digest(centers), _digest(rng)), "what init(X_sample, n_clusters, random_state) returned and left random_state in "
                    "(it gets the same sample and generator on every rank)", comm=data.comm)
     return centers
 
@@ -643,7 +599,7 @@ def _kmeans_parallel_on(sample: np.ndarray, w: np.ndarray, k: int, rng: np.rando
     from mpinb.kmeans._init import initial_centers
 
     sub = Shard.build(sample, w.astype(np.float64), sample.sum(axis=0, dtype=np.float64), n_clusters=k,
-                      init="k-means||", tol=0.0, comm=MPI.COMM_SELF)
+                      init="k-means||", tol=0.0, comm=MPI.COMM_SELF, name="MiniBatchKMeans's k-means|| init")
     return initial_centers(sub, "k-means||", k, rng, None) + sub.mean
 
 
