@@ -1,16 +1,17 @@
-"""mpinb.MiniBatchKMeans beside mpinb.KMeans at 2 ranks: time and inertia, and 1 rank against 2.
+"""mpinb.MiniBatchKMeans beside mpinb.KMeans at 1 and 2 ranks: time and inertia, and agreement
+across rank counts.
 
-    python benchmarks/minibatch.py                  # 10,000,000 x 16 per rank (about 5 minutes on 2 cores)
-    python benchmarks/minibatch.py --quick          # smoke run: 200,000 rows per rank (about 15 s)
-    python benchmarks/minibatch.py --batch-sizes 1024,2048,4096,8192   # also other batch sizes (8 minutes)
+    python benchmarks/minibatch.py                  # 10,000,000 x 16 at 1 and 2 ranks (about 6 minutes on 2 cores)
+    python benchmarks/minibatch.py --quick          # smoke run: 400,000 rows (about 20 s)
+    python benchmarks/minibatch.py --batch-sizes 1024,4096   # also other batch sizes
 
 Writes ``minibatch.json`` to ``--out-dir`` (``benchmarks/results``; a temporary directory with
 ``--quick``).
 
 The data are ``benchmarks/kmeans.py``'s ``make_rows`` (16 overlapping Gaussian clusters in 16
 dimensions, float64), generated on each rank for its own rows by global row blocks:
-``--rows-per-rank`` rows per rank (10,000,000: 1.28 GB each), k=16. At 2 ranks, one BLAS thread
-each, it times full ``mpinb.KMeans`` (k-means++ init, default ``tol``) and
+``--rows`` rows in all (10,000,000: 1.28 GB), k=16. At each of ``--ranks`` (1 and 2), one BLAS
+thread each, it times full ``mpinb.KMeans`` (k-means++ init, default ``tol``) and
 ``mpinb.MiniBatchKMeans`` (default parameters; ``--batch-sizes`` adds runs at other global batch
 sizes), interleaved (the order alternates by repeat) with ``random_state=r`` for both estimators
 in repeat ``r``; the time of a fit is the slowest rank's wall time of ``fit``. Inertias are the
@@ -19,8 +20,8 @@ minima that the seed decides for both estimators, each MiniBatchKMeans fit is al
 (untimed) by a KMeans fit started from its centres: the ratio of the two inertias is the
 mini-batch approximation alone, apart from which basin the seed led to.
 
-Then one rank fits MiniBatchKMeans on all the rows with ``random_state=0``, and the JSON records
-how far it is from the 2-rank fit of repeat 0 (centres, inertia, ``n_steps_``).
+The JSON also records how far the default MiniBatchKMeans fit of repeat 0 at the first rank count
+is from the one at the last (centres, inertia, ``n_steps_``).
 """
 
 from __future__ import annotations
@@ -153,8 +154,9 @@ def summarise(samples: list[dict], batch_sizes: list[int]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows-per-rank", type=int, default=10_000_000)
-    parser.add_argument("--repeats", type=int, help="interleaved rounds at 2 ranks (default 5; 1 with --quick)")
+    parser.add_argument("--rows", type=int, default=10_000_000, help="rows in all (split over the ranks)")
+    parser.add_argument("--ranks", default="1,2", help="rank counts to compare at, comma-separated")
+    parser.add_argument("--repeats", type=int, help="interleaved rounds per rank count (default 5; 1 with --quick)")
     parser.add_argument("--batch-sizes", default="1024",
                         help="global MiniBatchKMeans batch sizes (1024 is the default)")
     parser.add_argument("--no-polish", action="store_true",
@@ -166,13 +168,13 @@ def main() -> None:
     if args.worker:
         return worker(json.loads(args.worker))
     if args.quick:
-        args.rows_per_rank = 200_000
+        args.rows = 400_000
     repeats = args.repeats or (1 if args.quick else 5)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     out_dir = Path(args.out_dir) if args.out_dir else (
         Path(tempfile.gettempdir()) / "mpinb-bench-quick" if args.quick else ROOT / "benchmarks" / "results")
-    ranks = 2
-    n = args.rows_per_rank * ranks
+    rank_counts = [int(r) for r in args.ranks.split(",")]
+    n = args.rows
     fits = []
     for r in range(repeats):
         pair = [{"estimator": "kmeans", "seed": r}]
@@ -180,55 +182,59 @@ def main() -> None:
                   "polish": not args.no_polish} for b in batch_sizes]
         fits += pair if r % 2 == 0 else pair[::-1]
     t0 = time.perf_counter()
+    runs: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="mpinb-bench-") as tmpdir:
         tmp = Path(tmpdir)
-        print(f"[bench] {ranks} ranks x {args.rows_per_rank:,} rows, {repeats} repeats", flush=True)
-        two = run_workers(ranks, {"n": n, "fits": fits}, tmp, "two")
-        print(f"[bench] 1 rank x {n:,} rows: MiniBatchKMeans, random_state=0", flush=True)
-        one = run_workers(1, {"n": n, "fits": [{"estimator": "minibatch", "seed": 0, "params": {}}]},
-                          tmp, "one")
-    ref = next(s for s in two["samples"]
-               if s["estimator"] == "minibatch" and s["seed"] == 0 and not s["params"])
-    single = one["samples"][0]
-    a, b = np.array(single["centres"]), np.array(ref["centres"])
-    summary = summarise(two["samples"], batch_sizes)
+        for ranks in rank_counts:
+            print(f"[bench] {ranks} rank(s), {n:,} rows in all, {repeats} repeats", flush=True)
+            runs[ranks] = run_workers(ranks, {"n": n, "fits": fits}, tmp, f"ranks{ranks}")
+    summary = {f"{ranks} rank{'s' if ranks > 1 else ''}": summarise(run["samples"], batch_sizes)
+               for ranks, run in runs.items()}
+
+    def default_fit(ranks: int) -> dict:
+        return next(s for s in runs[ranks]["samples"]
+                    if s["estimator"] == "minibatch" and s["seed"] == 0 and not s["params"])
+
+    lo, hi = default_fit(rank_counts[0]), default_fit(rank_counts[-1])
+    a, b = np.array(lo["centres"]), np.array(hi["centres"])
     report = {
-        "setup": {"rows_per_rank": args.rows_per_rank, "ranks": ranks, "n": n, "d": 16, "k": K,
-                  "dtype": DTYPE,
+        "setup": {"n": n, "ranks": rank_counts, "d": 16, "k": K, "dtype": DTYPE,
                   "threads_per_rank": 1, "cores": len(os.sched_getaffinity(0)), "repeats": repeats,
                   "kmeans": "mpinb.KMeans(16, random_state=r): k-means++, tol=1e-4, max_iter=300",
                   "minibatch": "mpinb.MiniBatchKMeans(16, random_state=r, batch_size=...), other "
                                "parameters default",
                   "time": "slowest rank's wall time of fit, median over repeats; fits interleaved",
-                  "data_generation_s": {"2 ranks": two["generate_s"], "1 rank": one["generate_s"]}},
+                  "data_generation_s": {str(r): run["generate_s"] for r, run in runs.items()}},
         "results": summary,
-        "one_rank_vs_two_ranks": {
-            "one_rank_wall_s": single["wall_s"],
+        "agreement_across_rank_counts": {
+            "ranks": [rank_counts[0], rank_counts[-1]],
             "max_centre_difference_relative": float(np.abs(a - b).max() / np.abs(b).max()),
-            "inertia_relative_difference": abs(single["inertia"] - ref["inertia"]) / ref["inertia"],
-            "same_n_steps": single["n_steps"] == ref["n_steps"],
-            "n_steps": [single["n_steps"], ref["n_steps"]],
+            "inertia_relative_difference": abs(lo["inertia"] - hi["inertia"]) / hi["inertia"],
+            "same_n_steps": lo["n_steps"] == hi["n_steps"],
+            "n_steps": [lo["n_steps"], hi["n_steps"]],
         },
-        "samples": [{k: v for k, v in s.items() if k != "centres"} for s in two["samples"]],
+        "samples": {str(r): [{k: v for k, v in s.items() if k != "centres"} for s in run["samples"]]
+                    for r, run in runs.items()},
         "seconds": round(time.perf_counter() - t0, 1),
     }
     out = out_dir / "minibatch.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
-    km = summary["kmeans"]
-    print(f"KMeans: {km['wall_s_median']:.2f} s (median), inertia {km['inertia_median']:.6e}, "
-          f"n_iter {km['n_iter']}")
-    for batch in batch_sizes:
-        mb = summary[f"minibatch_batch{batch}"]
-        same_seed = ", ".join(f"{r:.4f}" for r in mb["inertia_ratio_to_kmeans_same_seed"])
-        print(f"MiniBatchKMeans batch {batch}: {mb['wall_s_median']:.2f} s, "
-              f"{mb['speedup_wall_vs_kmeans']:.1f}x faster; inertia / KMeans (same seed) {same_seed}"
-              + (f"; / KMeans from its own centres "
-                 f"{', '.join(f'{r:.4f}' for r in mb['inertia_ratio_to_kmeans_from_its_own_centres'])}"
-                 if "inertia_ratio_to_kmeans_from_its_own_centres" in mb else ""))
-    agree = report["one_rank_vs_two_ranks"]
-    print(f"1 rank vs 2 ranks: centres {agree['max_centre_difference_relative']:.2e} (relative), inertia "
-          f"{agree['inertia_relative_difference']:.2e}, same n_steps: {agree['same_n_steps']}")
+    for label, table in summary.items():
+        km = table["kmeans"]
+        print(f"{label}: KMeans {km['wall_s_median']:.2f} s (median), inertia {km['inertia_median']:.6e}, "
+              f"n_iter {km['n_iter']}")
+        for batch in batch_sizes:
+            mb = table[f"minibatch_batch{batch}"]
+            same_seed = ", ".join(f"{r:.4f}" for r in mb["inertia_ratio_to_kmeans_same_seed"])
+            print(f"{label}: MiniBatchKMeans batch {batch}: {mb['wall_s_median']:.2f} s, "
+                  f"{mb['speedup_wall_vs_kmeans']:.1f}x faster; inertia / KMeans (same seed) {same_seed}"
+                  + (f"; / KMeans from its own centres "
+                     f"{', '.join(f'{r:.4f}' for r in mb['inertia_ratio_to_kmeans_from_its_own_centres'])}"
+                     if "inertia_ratio_to_kmeans_from_its_own_centres" in mb else ""))
+    agree = report["agreement_across_rank_counts"]
+    print(f"{agree['ranks'][0]} vs {agree['ranks'][1]} ranks: centres {agree['max_centre_difference_relative']:.2e} "
+          f"(relative), inertia {agree['inertia_relative_difference']:.2e}, same n_steps: {agree['same_n_steps']}")
     print(f"wrote {out}")
 
 
