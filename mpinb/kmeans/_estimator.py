@@ -109,8 +109,8 @@ class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
     clusters (so the same on every rank): below 2**20, NumPy, so a first small fit in a fresh
     process needs no compiled code (measured 30 ms in an engine on 6,000 x 5, k=8, against
     24 ms for scikit-learn's first fit); above, numba-compiled passes, which make an iteration
-    faster than scikit-learn's and cost about 0.3 s the first time a process uses them (loaded
-    from numba's disk cache; about 1.5 s once, when the cache is empty). ``MPINB_NUMBA=0`` or
+    faster than scikit-learn's and cost about 0.4-0.5 s the first time a process uses them
+    (loaded from numba's disk cache; about 2.5 s once, when the cache is empty). ``MPINB_NUMBA=0`` or
     ``1`` forces one executor; their labels can differ only for rows equally near two centres
     within round-off.
 

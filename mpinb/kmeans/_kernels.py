@@ -44,8 +44,11 @@ SUM_ELEMENTS = 1 << 16
 # Rows per block of the compiled mini-batch pass: its buffers, (d + k) x this many float64,
 # stay in L1 for the usual widths.
 _BATCH_BLOCK = 64
-# The compiled passes' prefetch intrinsic, set by _compile (see there why a global).
+# What compiled passes call, set by _compile: module globals, not closure variables, because
+# numba hashes a pass's closure into its disk-cache key and a dispatcher or intrinsic never
+# pickles the same twice, so a closure would recompile (1-2 s) in every process.
 _prefetch: Any = None
+_argmin_compiled: Any = None
 
 
 def kernels(work: int) -> SimpleNamespace:
@@ -271,6 +274,9 @@ def _compile(numba: Any) -> SimpleNamespace:
                 labels[i] = arg
         return changed, recorded
 
+    global _argmin_compiled  # see the module's globals for why not a closure variable
+    _argmin_compiled = argmin_rows
+
     @jit
     def assign_rows(X, c2t, q, labels, track_rows, track_old, recorded, block):
         """The assignment step: per chunk of ``block`` rows, the GEMM ``X[s:e] @ c2t`` (BLAS,
@@ -288,7 +294,7 @@ def _compile(numba: Any) -> SimpleNamespace:
                 np.dot(rows, c2t, out)
             else:
                 out = np.dot(rows, c2t)
-            found, recorded = argmin_rows(out, q, labels[s:e], s, track_rows, track_old, recorded)
+            found, recorded = _argmin_compiled(out, q, labels[s:e], s, track_rows, track_old, recorded)
             changed += found
         return changed, recorded
 
@@ -366,10 +372,7 @@ def _compile(numba: Any) -> SimpleNamespace:
             counts[c] += 1.0
         return total
 
-    # A module global, not a closure variable: numba hashes the pickled closure into the cache
-    # key, and an intrinsic never pickles the same twice, so a closure would recompile (1-2 s)
-    # in every process.
-    global _prefetch
+    global _prefetch  # see the module's globals for why not a closure variable
     _prefetch = _prefetch_intrinsic(numba)
 
     @jit

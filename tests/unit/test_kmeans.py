@@ -595,3 +595,28 @@ def test_small_fit_in_a_fresh_process_needs_no_compiled_code():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_compiled_passes_load_from_the_disk_cache_in_a_new_process(tmp_path):
+    """A second process loads every compiled pass from numba's cache: none is compiled again
+    (a pass whose closure holds a dispatcher or an intrinsic gets a new cache key in every
+    process, and so recompiles for seconds each time)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np; from mpi4py import MPI; import mpinb;"
+        "X = np.random.default_rng(0).normal(size=(3000, 4));"
+        "mpinb.KMeans(3, random_state=0, comm=MPI.COMM_SELF).fit(X).predict(X);"
+        "mpinb.MiniBatchKMeans(3, batch_size=256, random_state=0, comm=MPI.COMM_SELF).fit(X)"
+    )
+    env = dict(os.environ, MPINB_NUMBA="1", NUMBA_CACHE_DIR=str(tmp_path), NUMBA_DEBUG_CACHE="1")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+            for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    saved = [line for line in runs[0].stdout.splitlines() if "data saved" in line]
+    assert len(saved) >= 6, runs[0].stdout[-2000:]  # the first process compiled and saved the passes
+    again = [line for line in runs[1].stdout.splitlines() if "data saved" in line]
+    assert again == [], "recompiled in a second process:\n" + "\n".join(again)
