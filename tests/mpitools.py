@@ -78,3 +78,30 @@ def raises_everywhere(exc: type[BaseException], match: str | None = None, comm: 
 
     comm.Allreduce(MPI.IN_PLACE, probe, op=MPI.SUM)
     assert probe[0] == comm.Get_size()
+
+
+def assert_interrupt_stops_together(estimator: Any, X_local: Any, counter: str, how: str, match: str) -> None:
+    """Ctrl-C on the last rank at the third ``counter`` (``"iteration"``, ``"step"``) of
+    ``estimator.fit`` -- a real SIGINT (``how="sigint"``) or a stop request -- stops every rank
+    at the same point with ``KeyboardInterrupt`` matching ``match``; nothing is fitted, the SIGINT
+    handler is restored, and the estimator fits normally afterwards."""
+    import signal
+
+    comm = world()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def hook(info: dict[str, Any]) -> None:
+        if info[counter] == 3 and comm.Get_rank() == comm.Get_size() - 1:
+            if how == "sigint":
+                signal.raise_signal(signal.SIGINT)
+            else:
+                info["stop"].request()
+
+    estimator._on_iteration = hook
+    with raises_everywhere(KeyboardInterrupt, match=match):
+        estimator.fit(X_local)
+    assert_everywhere(not hasattr(estimator, "cluster_centers_"), "no fitted attributes after an interrupt")
+    assert_everywhere(signal.getsignal(signal.SIGINT) is previous, "SIGINT handler restored")
+    estimator._on_iteration = None
+    estimator.fit(X_local)
+    assert_same_everywhere(estimator.cluster_centers_)

@@ -4,7 +4,6 @@ each on both executors of the row passes (NumPy and compiled)."""
 
 from __future__ import annotations
 
-import signal
 import warnings
 from collections import Counter
 from typing import Any
@@ -13,7 +12,12 @@ import kmeans_cases
 import numpy as np
 import pytest
 from mpi4py import MPI
-from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
+from mpitools import (
+    assert_everywhere,
+    assert_interrupt_stops_together,
+    assert_same_everywhere,
+    raises_everywhere,
+)
 from sklearn.cluster import KMeans as SkKMeans
 from sklearn.exceptions import ConvergenceWarning
 
@@ -363,24 +367,7 @@ def hard_data() -> np.ndarray:
 def test_interrupt_stops_every_rank_at_the_same_iteration(how):
     X = hard_data()
     km = KMeans(20, init=X[:20], max_iter=100, tol=0)
-    previous = signal.getsignal(signal.SIGINT)
-
-    def hook(info):
-        if info["iteration"] == 3 and RANK == SIZE - 1:
-            if how == "sigint":
-                signal.raise_signal(signal.SIGINT)
-            else:
-                info["stop"].request()
-
-    km._on_iteration = hook
-    with raises_everywhere(KeyboardInterrupt, match=r"iteration 4\)"):
-        km.fit(local(X))
-    assert_everywhere(not hasattr(km, "cluster_centers_"), "no fitted attributes after an interrupt")
-    assert_everywhere(signal.getsignal(signal.SIGINT) is previous, "SIGINT handler restored")
-    # The same estimator fits normally afterwards.
-    km._on_iteration = None
-    km.fit(local(X))
-    assert_same_everywhere(km.cluster_centers_)
+    assert_interrupt_stops_together(km, local(X), "iteration", how, r"iteration 4\)")
 
 
 def test_one_allreduce_per_iteration():

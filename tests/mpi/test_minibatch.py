@@ -4,7 +4,6 @@ interrupts and the one-Allreduce-per-mini-batch rule."""
 
 from __future__ import annotations
 
-import signal
 from collections import Counter
 from typing import Any
 
@@ -12,7 +11,12 @@ import kmeans_cases
 import numpy as np
 import pytest
 from mpi4py import MPI
-from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
+from mpitools import (
+    assert_everywhere,
+    assert_interrupt_stops_together,
+    assert_same_everywhere,
+    raises_everywhere,
+)
 from sklearn.cluster import MiniBatchKMeans as SkMiniBatchKMeans
 from threadpoolctl import threadpool_limits
 
@@ -261,24 +265,8 @@ def test_callable_init_raising_on_one_rank():
 @pytest.mark.parametrize("how", ["sigint", "request"])
 def test_interrupt_stops_every_rank_at_the_same_mini_batch(how):
     X = blobs()
-    mbk = MiniBatchKMeans(8, batch_size=64, max_no_improvement=None)
-    previous = signal.getsignal(signal.SIGINT)
-
-    def hook(info):
-        if info["step"] == 3 and RANK == SIZE - 1:
-            if how == "sigint":
-                signal.raise_signal(signal.SIGINT)
-            else:
-                info["stop"].request()
-
-    mbk._on_iteration = hook
-    with raises_everywhere(KeyboardInterrupt, match=r"mini-batch 4\)"):
-        mbk.fit(local(X))
-    assert_everywhere(not hasattr(mbk, "cluster_centers_"), "no fitted attributes after an interrupt")
-    assert_everywhere(signal.getsignal(signal.SIGINT) is previous, "SIGINT handler restored")
-    mbk._on_iteration = None
-    mbk.set_params(max_iter=1).fit(local(X))
-    assert_same_everywhere(mbk.cluster_centers_)
+    mbk = MiniBatchKMeans(8, batch_size=64, max_no_improvement=None, max_iter=1)
+    assert_interrupt_stops_together(mbk, local(X), "step", how, r"mini-batch 4\)")
 
 
 def test_one_allreduce_per_mini_batch():
