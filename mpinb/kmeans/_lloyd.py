@@ -404,14 +404,12 @@ def _relocate_empty(
 
 
 def local_inertia(X: np.ndarray, weights: np.ndarray | None, centers: np.ndarray, labels: np.ndarray) -> float:
-    """Local weighted sum of squared distances to the assigned centres (raw coordinates)."""
-    total = 0.0
-    d = X.shape[1]
-    for s, e in chunks(X.shape[0], chunk_rows(d)):
-        diff = np.subtract(X[s:e], centers[labels[s:e]], dtype=np.float64)
-        sq = np.einsum("ij,ij->i", diff, diff)
-        total += float(sq.sum() if weights is None else sq @ weights[s:e])
-    return total
+    """Local weighted sum of squared distances to the assigned centres (raw coordinates): the
+    executors' ``inertia_counts`` pass, on the executor for this call's size."""
+    k = centers.shape[0]
+    w = _NO_WEIGHTS if weights is None else weights
+    run_on = kernels(X.shape[0] * k)
+    return float(run_on.inertia_counts(X, w, weights is not None, np.asarray(centers, dtype=np.float64), labels, np.zeros(k)))
 
 
 # ----------------------------------------------------------------------------------------------

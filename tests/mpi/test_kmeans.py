@@ -16,6 +16,7 @@ from mpitools import (
     assert_everywhere,
     assert_interrupt_stops_together,
     assert_same_everywhere,
+    local,
     raises_everywhere,
 )
 from sklearn.cluster import KMeans as SkKMeans
@@ -26,13 +27,6 @@ from mpinb import CollectiveMismatchError, KMeans
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
-
-
-def local(*arrays: np.ndarray) -> Any:
-    """This rank's slice of arrays that every rank generated identically."""
-    lo, hi = mpinb.shard_bounds(len(arrays[0]), rank=RANK, size=SIZE)
-    pieces = tuple(a[lo:hi] for a in arrays)
-    return pieces[0] if len(pieces) == 1 else pieces
 
 
 def blobs(per_rank: int = 600, d: int = 5, centers: int = 6, std: float = 3.0, seed: int = 0) -> np.ndarray:

@@ -15,6 +15,7 @@ from mpitools import (
     assert_everywhere,
     assert_interrupt_stops_together,
     assert_same_everywhere,
+    local,
     raises_everywhere,
 )
 from sklearn.cluster import MiniBatchKMeans as SkMiniBatchKMeans
@@ -33,13 +34,6 @@ def one_thread():
     are slow where ranks share the cores."""
     with threadpool_limits(limits=1):
         yield
-
-
-def local(*arrays: np.ndarray) -> Any:
-    """This rank's slice of arrays that every rank generated identically."""
-    lo, hi = mpinb.shard_bounds(len(arrays[0]), rank=RANK, size=SIZE)
-    pieces = tuple(a[lo:hi] for a in arrays)
-    return pieces[0] if len(pieces) == 1 else pieces
 
 
 def blobs(per_rank: int = 600, d: int = 4, centers: int = 8, std: float = 2.0, seed: int = 1) -> np.ndarray:
