@@ -12,7 +12,6 @@ contiguous run of the sorted file list, and :func:`shard_dataset` shards a ``tf.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import stat
 import sys
@@ -22,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mpinb import _collective
+from mpinb._digest import digest
 from mpinb.errors import _check_int, _is_int, _resolve, check_same, raise_together
 from mpinb.shards import shard_bounds
 
@@ -593,11 +593,7 @@ def _bundled(name: str, shard: bool, test_size: float | int, random_state: int |
     if comm.Get_size() > 1:
         # The split is made independently on each rank; a different scikit-learn on another node
         # could ship different data or split differently, which would silently duplicate rows.
-        digest = hashlib.blake2b(digest_size=16)
-        for part in parts:
-            digest.update(repr((part.shape, part.dtype.str)).encode())
-            digest.update(np.ascontiguousarray(part).data)
-        check_same(digest.hexdigest(), f"the {name} data and split (check scikit-learn versions)", comm=comm)
+        check_same(digest(*parts), f"the {name} data and split (check scikit-learn versions)", comm=comm)
     rank, size = comm.Get_rank(), comm.Get_size()
     out = []
     for part in parts:

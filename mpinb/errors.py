@@ -245,19 +245,11 @@ def _check_int(value: Any, name: str, *, minimum: int | None = None, unit: str =
 
 
 def _digest(value: Any) -> str:
-    """A short, process-independent digest of an array (its dtype, shape and bytes) or of a
-    ``numpy.random.RandomState``'s state, for :func:`check_same` and agreement checks. Local."""
-    import hashlib
+    """The digest of an array or a ``RandomState``'s state, for agreement checks (one rule:
+    :func:`mpinb._digest.digest`). Local."""
+    from mpinb._digest import digest
 
-    import numpy as np
-
-    if isinstance(value, np.random.RandomState):
-        state = value.get_state()
-        data = state[1].tobytes() + repr(state[2:]).encode()
-    else:
-        arr = np.ascontiguousarray(value)
-        data = repr((arr.dtype.str, arr.shape)).encode() + arr.tobytes()
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
+    return digest(value)
 
 
 def _resolve(comm: Any) -> Any:

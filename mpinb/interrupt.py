@@ -8,11 +8,21 @@ the loop when the *reduced* flag is set, then raises ``KeyboardInterrupt`` toget
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import time
 from types import FrameType, TracebackType
 
 __all__ = ["StopFlag"]
+
+# When SIGINT arrived inside a StopFlag and no collective vote has taken it in yet (monotonic
+# seconds), for the collective layer's waits: see pending_since().
+_pending_at: float | None = None
+# The read end of the pipe Python's C-level signal handler writes to while a StopFlag is active:
+# a wait on another thread learns of SIGINT through it even while the main thread is inside C code
+# (TensorFlow's) and so cannot run Python's handler yet.
+_wakeup_read: int | None = None
 
 
 class StopFlag:
@@ -62,6 +72,7 @@ class StopFlag:
             self._previous = signal.getsignal(signal.SIGINT)
             signal.signal(signal.SIGINT, self._handle)
             self._installed = True
+            self._open_wakeup()
         return self
 
     def __exit__(
@@ -71,8 +82,58 @@ class StopFlag:
         if self._depth == 0 and self._installed:
             signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
             self._installed = False
+            self._close_wakeup()
+            consume()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        global _pending_at
         if self._set:
             raise KeyboardInterrupt("second Ctrl-C: stopping this rank at once")
         self._set = True
+        if _pending_at is None:
+            _pending_at = time.monotonic()
+
+    def _open_wakeup(self) -> None:
+        global _wakeup_read
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        try:
+            self._old_wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            os.close(read)
+            os.close(write)
+            return
+        self._pipe = (read, write)
+        _wakeup_read = read
+
+    def _close_wakeup(self) -> None:
+        global _wakeup_read
+        pipe = getattr(self, "_pipe", None)
+        if pipe is None:
+            return
+        signal.set_wakeup_fd(self._old_wakeup)
+        _wakeup_read, self._pipe = None, None
+        for fd in pipe:
+            os.close(fd)
+
+
+def pending_since() -> float | None:
+    """When SIGINT arrived inside a :class:`StopFlag` that no vote has taken in yet (monotonic
+    seconds), else ``None``. Local; callable from any thread."""
+    global _pending_at
+    fd = _wakeup_read
+    if fd is not None and _pending_at is None:
+        try:
+            data = os.read(fd, 64)
+        except (BlockingIOError, OSError):
+            data = b""
+        if signal.SIGINT in data:
+            _pending_at = time.monotonic()
+    return _pending_at
+
+
+def consume() -> None:
+    """Forget a pending SIGINT: a vote or an ended wait has taken it in. Local."""
+    global _pending_at
+    _pending_at = None

@@ -45,5 +45,6 @@ class CountingComm:
         return counted
 
     def outside(self, allowed: str = "mpinb._collective") -> list[tuple[str, str]]:
-        """Calls made by mpinb modules other than ``allowed``."""
-        return [(m, who) for m, who in self.calls if who.startswith("mpinb") and who != allowed]
+        """Calls made by mpinb modules outside the package ``allowed``."""
+        return [(m, who) for m, who in self.calls
+                if who.startswith("mpinb") and who != allowed and not who.startswith(allowed + ".")]

@@ -18,12 +18,18 @@ import uuid
 
 import numpy as np
 
-__all__ = ["Board", "Row"]
+__all__ = ["Board", "CellRecord", "Row"]
 
-_WORDS = 32  # this rank's row (16 words); in the host leader's file, 16 more words the host shares
-_HOST_REVOKED = 16  # 1 + the newest generation some rank on this host gave up on
-_GEN, _INDEX, _ENTERED, _LEFT, _PHASE, _OUTCOME, _PID = range(7)
+_ROW = 64  # words of one rank's row
+_WORDS = 80  # this rank's row; in the host leader's file, 16 more words the host shares
+_HOST_REVOKED = 64  # 1 + the newest generation some rank on this host gave up on
+_GEN, _INDEX, _ENTERED, _LEFT, _PHASE, _OUTCOME, _PID, _CELL = range(8)
 _NAME = slice(8, 16)  # 64 bytes of UTF-8
+# The cell: the one running (or the last, if none runs), and the last one that ended, with where
+# this rank's collectives were then (generation, operations begun) and how it ended.
+_CELL_RUNNING, _ENDED_CELL, _ENDED_GEN, _ENDED_INDEX, _ENDED_NS = range(16, 21)
+_ENDED_TEXT = slice(21, 64)  # 344 bytes of UTF-8: "raised ZeroDivisionError: division by zero"
+_TEXT_BYTES = (_ENDED_TEXT.stop - _ENDED_TEXT.start) * 8
 
 # Phases of an operation, and how it ended.
 IDLE, ARRIVING, MOVING, SWITCHING = 0, 1, 2, 3
@@ -59,6 +65,25 @@ class Row:
             return f"{what}, entered {entered:.1f} s ago and still inside it, {_PHASES.get(self.phase, 'waiting')}"
         how = _OUTCOMES.get(self.outcome, "left")
         return f"{what}, entered {entered:.1f} s ago, {how} {(now_ns - self.left_ns) / 1e9:.1f} s ago"
+
+
+class CellRecord:
+    """Where one rank is in the notebook's cells: its current (or last) cell, whether it runs, and
+    the last cell that ended there, with the rank's place in its collectives at that moment."""
+
+    __slots__ = ("cell", "running", "ended_cell", "ended_gen", "ended_index", "ended_ns", "text")
+
+    def __init__(self, cell: int, running: bool, ended_cell: int, ended_gen: int, ended_index: int,
+                 ended_ns: int, text: str) -> None:
+        self.cell, self.running = cell, running
+        self.ended_cell, self.ended_gen, self.ended_index = ended_cell, ended_gen, ended_index
+        self.ended_ns, self.text = ended_ns, text
+
+    @classmethod
+    def from_words(cls, words: np.ndarray) -> CellRecord:
+        text = np.ascontiguousarray(words[_ENDED_TEXT]).tobytes().rstrip(b"\0").decode(errors="replace")
+        return cls(int(words[_CELL]), bool(words[_CELL_RUNNING]), int(words[_ENDED_CELL]), int(words[_ENDED_GEN]),
+                   int(words[_ENDED_INDEX]), int(words[_ENDED_NS]), text)
 
 
 class Board:
@@ -136,9 +161,25 @@ class Board:
         self.mine[_OUTCOME] = outcome
         self.mine[_PHASE] = IDLE
 
+    def cell_begin(self, cell: int) -> None:
+        self.mine[_CELL] = cell
+        self.mine[_CELL_RUNNING] = 1
+
+    def cell_end(self, cell: int, gen: int, index: int, text: str) -> None:
+        mine = self.mine
+        raw = text.encode()[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0")
+        mine[_ENDED_TEXT] = memoryview(raw).cast("q")
+        mine[_ENDED_GEN], mine[_ENDED_INDEX], mine[_ENDED_NS] = gen, index, time.time_ns()
+        mine[_ENDED_CELL] = cell  # last: a reader that sees the cell sees the rest of its record
+        mine[_CELL_RUNNING] = 0
+
+    def read_cell(self, rank: int) -> CellRecord | None:
+        words = self.peers.get(rank)
+        return None if words is None else CellRecord.from_words(words[:_ROW].copy())
+
     def read(self, rank: int) -> Row | None:
         words = self.peers.get(rank)
-        return None if words is None else Row(words[:16].copy())
+        return None if words is None else Row(words[:_ROW].copy())
 
     def _encode(self, name: str) -> memoryview:
         encoded = self._names.get(name)

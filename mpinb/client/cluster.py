@@ -11,9 +11,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from mpinb.client._ipp import px_magics, stamp_cells
 from mpinb.client._processes import descendants, end, kill
 from mpinb.client._tracebacks import install as install_grouped_tracebacks
-from mpinb.client._tracebacks import remember_ranks
+from mpinb.client._tracebacks import rank_ranges, remember_ranks
 from mpinb.client._watchdog import Watchdog
 from mpinb.errors import _check_int
 
@@ -22,15 +23,20 @@ __all__ = ["Health", "MPICluster"]
 
 @dataclass(frozen=True)
 class Health:
-    """Which MPI ranks answered a probe (see :meth:`MPICluster.healthy`); true when all did."""
+    """Which MPI ranks answered a probe (see :meth:`MPICluster.healthy`); true when all did.
+
+    ``silent`` ranks have engines that did not answer in time (busy, or stuck); ``dead`` ranks have
+    no engine any more (it died, and MPI ended the others of its world with it, usually).
+    """
 
     answered: list[int]
     silent: list[int]
     seconds: float = field(default=0.0)
+    dead: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.silent
+        return not self.silent and not self.dead
 
     def __bool__(self) -> bool:
         return self.ok
@@ -38,11 +44,14 @@ class Health:
     def __str__(self) -> str:
         if self.ok:
             return f"all {len(self.answered)} ranks answered in {self.seconds:.2f} s"
-        return (
-            f"{'rank' if len(self.silent) == 1 else 'ranks'} {', '.join(map(str, self.silent))} did not answer within {self.seconds:.1f} s "
-            "(busy in a cell, or waiting in a collective that other ranks never entered); "
-            "MPICluster.restart() starts a fresh set of engines."
-        )
+        parts = []
+        if self.dead:
+            parts.append(f"{_ranks(self.dead)} {'has' if len(self.dead) == 1 else 'have'} no engine any more "
+                         "(it died)")
+        if self.silent:
+            parts.append(f"{_ranks(self.silent)} did not answer within {self.seconds:.1f} s (busy in a cell, "
+                         "or blocked outside mpinb)")
+        return "; ".join(parts) + "; MPICluster.restart() starts a fresh set of engines."
 
 
 class MPICluster:
@@ -118,6 +127,7 @@ class MPICluster:
         self._engine_pids: list[int] = []
         self._engine_hosts: list[str] = []
         self._owns_cluster = True
+        self._on_start: list[str] = []
         self._watchdog: Watchdog | None = None  # only for a cluster this object started
         if start:
             self.start()
@@ -251,20 +261,48 @@ class MPICluster:
         return self
 
     def healthy(self, timeout: float = 5.0) -> Health:
-        """Probe every engine; name the MPI ranks that do not answer within ``timeout`` seconds. Client."""
+        """Probe every engine; name the MPI ranks that are dead or do not answer within ``timeout`` seconds.
+
+        Client. Never raises for a dead or stuck engine: it reports it.
+        """
         t0 = time.perf_counter()
-        pending = {rank: self.client[eid].apply_async(_rank_here) for rank, eid in enumerate(self._ids_by_rank)}
+        try:
+            alive = set(self.client.ids)
+        except Exception:  # noqa: BLE001 - a closed client: nothing answers
+            alive = set()
+        dead = [rank for rank, eid in enumerate(self._ids_by_rank) if eid not in alive]
+        pending = {}
+        for rank, eid in enumerate(self._ids_by_rank):
+            if eid in alive:
+                try:
+                    pending[rank] = self.client[eid].apply_async(_rank_here)
+                except Exception:  # noqa: BLE001 - unregistered between the two looks
+                    dead.append(rank)
         deadline = t0 + timeout
         while time.perf_counter() < deadline and not all(ar.ready() for ar in pending.values()):
             time.sleep(0.02)
         silent = [rank for rank, ar in pending.items() if not ar.ready()]
         answered = [rank for rank, ar in pending.items() if ar.ready() and ar.successful()]
+        dead += [rank for rank, ar in pending.items() if ar.ready() and not ar.successful()]
         for rank in silent:
             try:  # don't leave the probe queued behind the stuck cell
                 self.client.abort(pending[rank].msg_ids)
             except Exception:  # noqa: BLE001
                 pass
-        return Health(answered=answered, silent=silent, seconds=time.perf_counter() - t0)
+        return Health(answered=answered, silent=silent, seconds=time.perf_counter() - t0, dead=sorted(dead))
+
+    def on_start(self, code: str) -> None:
+        """Run ``code`` on every engine now, and again on the fresh engines after every :meth:`restart`. Client.
+
+        For the setup cells a notebook would otherwise replay by hand (imports, data loading):
+        ``cluster.on_start("import mpinb; X, y = mpinb.data.load_digits()")``. Each piece of code
+        runs in the order given; an error raises here as from ``%%px``.
+        """
+        if not isinstance(code, str):
+            raise TypeError(f"on_start takes code as a string; got {type(code).__name__}.")
+        self._on_start.append(code)
+        if self.view is not None:
+            self.view.execute(code, block=True)
 
     def interrupt(self) -> None:
         """Send SIGINT to every engine, like Ctrl-C on each rank. Client.
@@ -272,7 +310,8 @@ class MPICluster:
         Interrupting the notebook kernel stops only the client's wait; the engines keep running.
         mpinb's long loops (``KMeans.fit``, ``mpinb.keras.fit``) turn SIGINT into a collective stop,
         so every rank leaves at the same iteration and raises ``KeyboardInterrupt``; a rank waiting
-        in any other mpinb collective stops waiting and raises ``KeyboardInterrupt`` (the next
+        in any mpinb collective stops waiting and raises ``KeyboardInterrupt`` -- at the latest a
+        second after the signal, also inside such a loop and on a TensorFlow thread (the next
         collective works again); plain Python code is interrupted as usual. A rank blocked inside
         its own raw MPI call does not react: use :meth:`restart` then.
         """
@@ -388,12 +427,15 @@ class MPICluster:
         self._engine_pids = [by_eid[eid]["pid"] for eid in self._ids_by_rank]
         self._engine_hosts = [by_eid[eid]["host"] for eid in self._ids_by_rank]
         remember_ranks(self._ids_by_rank)
+        stamp_cells(self.client)  # every engine learns which cell a request belongs to
         self.view = self.client.direct_view(targets=self._ids_by_rank)
         self.view.block = True
         _activate(self.view)
         # mpinb's collective set-up now, on every engine together: from the first cell on, a
         # collective that times out can name the missing ranks and say where each of them is.
         self.view.apply_sync(_set_up_collectives, self._owns_cluster)
+        for code in self._on_start:  # fresh engines after restart(): the setup the notebook asked for
+            self.view.execute(code, block=True)
 
     def _protect_files(self) -> None:
         """Owner-only modes for everything in the profile's security folder. ipyparallel already
@@ -441,6 +483,10 @@ class MPICluster:
                     kill(child)
         for pid in self._local_engine_pids:
             kill(pid)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
 
 
 def _engine_identity() -> dict[str, Any]:
@@ -504,9 +550,7 @@ def _activate(view: Any) -> None:
         return
     ip = get_ipython()
     if ip is not None:
-        from ipyparallel.client.magics import ParallelMagics
-
-        magics = ParallelMagics(ip, view, "")
+        magics = px_magics(ip, view)
         magics.stream_output = False
         ip.magics_manager.register(magics)
 

@@ -136,8 +136,19 @@ def test_after_world_even_the_first_collective_names_the_missing_rank(dup) -> No
         why = text
     MPI.COMM_WORLD.Barrier()
     assert_everywhere(ok, why)
-    (total,) = mpinb.allreduce([np.ones(4)], comm=dup, timeout=30)
-    assert_everywhere(np.array_equal(total, np.full(4, SIZE)))
+    # The late rank's next call is the same collective the others abandoned: it raises at once
+    # instead of pairing with their next one, which then pairs with the late rank's next.
+    late_raised = ""
+    if RANK == LATE:
+        t0 = time.monotonic()
+        with pytest.raises(mpinb.CollectiveAbandoned) as info:
+            mpinb.allreduce([np.ones(4)], comm=dup, timeout=30)
+        late_raised = f"{time.monotonic() - t0:.3f} s: {info.value}"
+    (total,) = mpinb.allreduce([np.full(4, RANK + 1.0)], comm=dup, timeout=30)
+    assert_everywhere(np.array_equal(total, np.full(4, SIZE * (SIZE + 1) / 2)), f"got {total}")
+    stale = re.match(r"[\d.]+ s: allreduce #1 on rank \d+ came too late: rank \d+ abandoned allreduce #1 "
+                     r"[\d.]+ s ago \(timed out after", late_raised)
+    assert_everywhere(RANK != LATE or stale is not None, late_raised)
 
 
 @pytest.mark.mpi_sizes(2, 3, 4)
@@ -165,10 +176,12 @@ def test_ctrl_c_stops_a_rank_waiting_in_a_collective_and_the_next_one_works(dup)
     elapsed = time.monotonic() - t0
     MPI.COMM_WORLD.Barrier()
     assert_everywhere(elapsed < 3.0, f"took {elapsed:.2f} s")
+    # Another collective (the others never called the abandoned one; the same one would be taken
+    # for it, come late, and raise on them once).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        (total,) = mpinb.allreduce([np.ones(2)], comm=dup, timeout=30)
-    assert_everywhere(np.array_equal(total, np.full(2, SIZE)))
+        (total,) = mpinb.allreduce([np.ones(3)], comm=dup, timeout=30)
+    assert_everywhere(np.array_equal(total, np.full(3, SIZE)))
 
 
 @pytest.mark.mpi_sizes(2, 3, 4)

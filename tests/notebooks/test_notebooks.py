@@ -75,7 +75,7 @@ def test_01_mpi_engines() -> None:
         "01_mpi_engines.ipynb",
         {"n_engines": 2, "n_rows": 2_001},  # odd, so the shards differ: rank 0 owns one row more
         ["ranks", "sizes", "global_mean", "client_mean", "index_in_order", "owners_in_order", "rows_per_rank",
-         "same_error_everywhere", "timeout_messages", "ranks_after", "rows_after"],
+         "same_error_everywhere", "left_messages", "waits", "timeout_messages", "ranks_after", "rows_after"],
     )
     assert got["ranks"] == [0, 1] and got["sizes"] == [2, 2]
     assert got["global_mean"] == pytest.approx(got["client_mean"], rel=1e-12)
@@ -83,14 +83,21 @@ def test_01_mpi_engines() -> None:
     # the ranks own the rows shard_bounds gives them, in rank order.
     assert got["index_in_order"] is True and got["owners_in_order"] is True
     assert got["rows_per_rank"] == [1_001, 1_000]
+    # Rank 1 raised before an allreduce rank 0 entered: with no deadline, rank 0 stopped waiting
+    # within a second, naming rank 1 and its error; the cell showed that one error (tagged).
+    assert got["left_messages"][1] is None
+    assert "rank 1 ended its cell (raised ZeroDivisionError: division by zero)" in got["left_messages"][0]
+    assert len(got["waits"]) == 1 and got["waits"][0] < 1.0, got["waits"]
     assert got["same_error_everywhere"] is True
-    # Rank 1 skipped an allreduce: rank 0's deadline named it, and without a restart the next
+    # Rank 1 stalled before an allreduce: rank 0's deadline named it, and without a restart the next
     # cell's allreduce ran on both ranks over the rows made before the timeout.
     waited, skipped = got["timeout_messages"]
     assert skipped is None and re.search(r"\brank 1\b", waited or ""), got["timeout_messages"]
     assert got["ranks_after"] == [2, 2]
     assert got["rows_after"] == [2_001, 2_001]
-    assert figures(got["_notebook"]) == 1 and not errors(got["_notebook"])
+    nb = got["_notebook"]
+    failed = [c for c in nb.cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    assert figures(nb) == 1 and len(failed) == 1 and "raises-exception" in failed[0].metadata.get("tags", [])
 
 
 def test_03_sharded_keras() -> None:

@@ -1,0 +1,131 @@
+"""Where notebook cells begin and end on an IPython engine: the cell every collective belongs to.
+
+Local; no MPI. On an ipyparallel engine, :func:`install` registers IPython's ``pre_execute`` and
+``post_execute`` events (engines run cells silently, so ``pre_run_cell``/``post_run_cell`` never
+fire). A cell's identity comes from the execute request: ``MPICluster``'s client stamps every
+request of one ``execute`` call with one id and the engine ids it goes to
+(:mod:`mpinb.client._ipp`); a request from another client gets this engine's own cell count, which
+agrees across engines as long as every cell goes to every engine. Outside IPython (``mpiexec
+python script.py``) every collective belongs to cell 0 and nothing here runs.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Cell", "current", "engine_id", "install", "on_cell"]
+
+#: The metadata keys of an execute request that MPICluster's client stamps.
+CELL_KEY, TARGETS_KEY = "mpinb_cell", "mpinb_targets"
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class Cell:
+    """One cell: its id (0: no cell), the engine ids it was sent to (``None``: not known), when it began."""
+
+    __slots__ = ("id", "targets", "began")
+
+    def __init__(self, id: int, targets: tuple[int, ...] | None = None) -> None:
+        self.id, self.targets, self.began = id, targets, time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"Cell({self.id}, targets={self.targets})"
+
+
+_NONE = Cell(0)
+_current = _NONE
+_count = 0  # cells run here without a stamped id
+_listeners: list[Callable[[str, Cell, BaseException | None], None]] = []
+_shell: Any = None
+
+
+def current() -> Cell:
+    """The cell running now (``Cell(0)`` outside cells)."""
+    return _current
+
+
+def on_cell(listener: Callable[[str, Cell, BaseException | None], None]) -> None:
+    """Call ``listener("begin", cell, None)`` and ``listener("end", cell, error)`` around every cell."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def engine_id() -> int | None:
+    """This engine's ipyparallel id, or ``None`` outside an engine."""
+    kernel = getattr(_engine_shell(), "kernel", None)
+    value = getattr(kernel, "engine_id", None)
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def install() -> bool:
+    """Watch this engine's cells (idempotent); ``False`` outside an ipyparallel engine."""
+    global _shell
+    if _shell is not None:
+        return True
+    shell = _engine_shell()
+    if shell is None:
+        return False
+    shell.events.register("pre_execute", _begin)
+    shell.events.register("post_execute", _end)
+    _shell = shell
+    from mpinb._hidden_frames import install as hide_mpinb_frames
+
+    hide_mpinb_frames(shell)  # what a cell shows of an error: the user's frames and the message
+    return True
+
+
+def describe_error(error: BaseException | None, limit: int = 300) -> str:
+    """``"ended normally"`` or ``"raised ZeroDivisionError: division by zero"``: one line, at most
+    ``limit`` characters of the message, terminal colours (Keras's) removed."""
+    if error is None:
+        return "ended normally"
+    text = " ".join(_COLOURS.sub("", str(error)).split())
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return f"raised {type(error).__name__}" + (f": {text}" if text else "")
+
+
+def _engine_shell() -> Any:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    return shell if kernel is not None and hasattr(kernel, "engine_id") else None
+
+
+def _begin() -> None:
+    global _current, _count
+    metadata: dict[str, Any] = {}
+    kernel = getattr(_shell, "kernel", None)
+    try:
+        parent = kernel.get_parent()
+        metadata = parent.get("metadata") or {}
+    except Exception:  # noqa: BLE001 - an older kernel: count cells instead
+        pass
+    stamped = metadata.get(CELL_KEY)
+    if isinstance(stamped, int) and stamped > 0:
+        targets = metadata.get(TARGETS_KEY)
+        cell = Cell(stamped, tuple(int(t) for t in targets) if isinstance(targets, list) else None)
+    else:
+        _count += 1
+        cell = Cell(_count)
+    _current = cell
+    for listener in list(_listeners):
+        listener("begin", cell, None)
+
+
+def _end() -> None:
+    global _current
+    cell = _current
+    if cell.id == 0:
+        return  # the cell that installed the hooks began before them
+    result = getattr(_shell, "last_execution_result", None)
+    error = getattr(result, "error_in_exec", None) if result is not None else None
+    _current = _NONE
+    for listener in list(_listeners):
+        listener("end", cell, error)

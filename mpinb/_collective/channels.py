@@ -1,0 +1,407 @@
+"""A channel: mpinb's private communicators for one user communicator, their generations and notices.
+
+- On first use a channel duplicates the user's communicator twice, without blocking: a control
+  communicator for point-to-point notices, and the data communicator the operations run on
+  (generation 0). It then exchanges each rank's host, CPU affinity, engine id and status-board
+  file (:mod:`mpinb._collective.board`), so that from then on a rank that gives up can say where
+  every missing rank on its host is, even for the first collective after set-up.
+- A rank that abandons a wait (deadline, Ctrl-C, a rank it waits for left the cell) *revokes* the
+  generation: it keeps the abandoned requests and their buffers alive, sends a small notice to
+  every other rank on the control communicator and starts a non-blocking duplicate of the user's
+  communicator, the next generation. A rank waiting in the revoked generation raises
+  :class:`CollectiveAbandoned` naming who gave up on what. A rank that was elsewhere completes the
+  abandoned arrival for the others and runs its next collective on the new generation -- unless
+  that collective *is* the abandoned one, come late: then it raises at once, so it never pairs
+  with another call. So the next cell works, and engine state survives: no restart.
+- On an IPython engine the channel follows the cells (:mod:`mpinb._collective.cells`): each rank
+  writes on its board row which cell it runs and how its last one ended, and tells the ranks on
+  other hosts with a notice; a rank waiting for a rank that has left the cell stops waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from mpinb._collective import board as _board
+from mpinb._collective import cells, texts
+from mpinb._collective.ops import Op, Retry, digest_of
+from mpinb._collective.wait import SPIN, DeadlinePassed, poll
+from mpinb.deadline import DEFAULT, resolve
+from mpinb.errors import CollectiveAbandoned
+
+__all__ = ["Channel", "Gen"]
+
+_NOTICE = 77  # tag of revocation notices on the control communicator
+_CELL = 78  # tag of cell-end notices, to the ranks on other hosts
+_IDLE_AWAY = 3.0  # seconds a rank may sit idle in an earlier cell before it counts as not running this one
+
+
+class Gen:
+    """One generation of the data communicator."""
+
+    __slots__ = ("number", "comm", "request", "index", "revoked", "abandoned_here", "pending", "left", "freed")
+
+    def __init__(self, number: int, comm: Any, request: Any) -> None:
+        self.number, self.comm, self.request = number, comm, request
+        self.index = 0  # operations begun on it
+        self.revoked: dict[str, Any] | None = None  # the notice that ended it
+        self.abandoned_here = False
+        self.pending: list[tuple[Any, Any]] = []  # (requests, buffers) MPI may still use
+        self.left = False
+        self.freed = False
+
+
+class Channel:
+    """mpinb's private communicators for one user communicator, and their bookkeeping."""
+
+    def __init__(self, parent: Any) -> None:
+        self.parent = parent
+        self.rank, self.size = parent.Get_rank(), parent.Get_size()
+        host = socket.gethostname()
+        self.hosts = [host] * self.size
+        self.affinity: list[frozenset[int]] = [_affinity()] * self.size
+        self.engines: list[int | None] = [cells.engine_id()] * self.size
+        self.ctrl: Any = None
+        self._ctrl_pending: tuple[Any, Any] | None = None  # (communicator, Idup request) until complete
+        self.gens: list[Gen] = []
+        self.active = 0
+        self.board: _board.Board | None = None
+        self.ready = self.size == 1
+        self.crowded = False  # more ranks on this host than cores: waiting ranks yield at once
+        self.closed = False
+        self._setting_up = False
+        self._sends: list[Any] = []
+        self._remote_cells: dict[int, _board.CellRecord] = {}  # ranks on other hosts, from their notices
+
+    # -- what the rest of mpinb reads ---------------------------------------------------------
+    @property
+    def host(self) -> str:
+        return self.hosts[self.rank]
+
+    def local_ranks(self) -> list[int]:
+        """The ranks on this rank's host, in rank order (needs the set-up exchange)."""
+        return [r for r, h in enumerate(self.hosts) if h == self.host]
+
+    def host_cores(self) -> frozenset[int]:
+        """The cores the ranks on this host may run on, together (needs the set-up exchange)."""
+        return frozenset().union(*(self.affinity[r] for r in self.local_ranks()))
+
+    def ensure_ready(self, timeout: Any = DEFAULT) -> None:
+        """Collective the first time: duplicate, exchange hosts and boards. Free afterwards."""
+        if not self.ready:
+            seconds = resolve(timeout)
+            self._set_up("mpinb set-up", seconds, None if seconds is None else time.monotonic() + seconds)
+
+    # -- operations -----------------------------------------------------------------------------
+    def begin(self, name: str, layout: Any = None, *, timeout: Any = DEFAULT, votes: tuple[int, int] = (0, 0),
+              what: str | None = None) -> Op:
+        seconds = resolve(timeout)  # checked at one rank too, so a bad value fails the same everywhere
+        cell = cells.current()
+        if self.size == 1:
+            return Op(self, None, name, 0, 0, cell.id, None, None, votes)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        self.collect()
+        self._set_up(name, seconds, deadline)
+        self._check_targets(name, cell)
+        digest = digest_of(name, layout)
+        while True:
+            self._expect_notices()
+            gen = self._current(name, digest, seconds, deadline, cell.id)
+            gen.index += 1
+            op = Op(self, gen, name, digest, gen.index, cell.id, seconds, deadline, votes)
+            if self.board is not None:
+                self.board.enter(gen.number, gen.index, name, _board.ARRIVING)
+            try:
+                op.arrive(layout, what)
+            except Retry:
+                op.__exit__(CollectiveAbandoned, None, None)
+                continue  # on the next generation, with the ranks of this cell
+            except BaseException as err:
+                op.__exit__(type(err), err, None)
+                raise
+            return op
+
+    def _check_targets(self, name: str, cell: cells.Cell) -> None:
+        """A cell sent to only some engines cannot run a collective of every rank: say so before
+        sending anything (every rank that runs the cell decides alike)."""
+        if cell.targets is None or None in self.engines:
+            return
+        outside = [r for r, engine in enumerate(self.engines) if engine not in cell.targets]
+        if outside:
+            raise texts.not_in_cell_error(name, self.rank, outside, self.engines, cell.targets)
+
+    # -- set-up -----------------------------------------------------------------------------------
+    def _set_up(self, name: str, seconds: float | None, deadline: float | None) -> None:
+        if self.ctrl is None:
+            if self._ctrl_pending is None:
+                self._ctrl_pending = self.parent.Idup()
+                self.gens.append(Gen(0, *self.parent.Idup()))
+            waits = [self._ctrl_pending[1], self.gens[0].request]
+            try:
+                poll(self, waits, deadline, spin=SPIN)
+            except DeadlinePassed:
+                raise texts.setup_timeout(name, seconds, self.rank) from None
+            self.ctrl, self._ctrl_pending = self._ctrl_pending[0], None
+            self.gens[0].request = None
+        if not self.ready and not self._setting_up:
+            self._setting_up = True
+            try:
+                self._exchange(seconds)
+            finally:
+                self._setting_up = False
+
+    def _exchange(self, seconds: float | None) -> None:
+        if self.board is None:
+            try:
+                self.board = _board.Board()
+            except OSError:
+                self.board = None  # no writable shared folder: collectives work, timeouts say less
+        path = None if self.board is None else self.board.path
+        timeout = DEFAULT if seconds is None else seconds
+        mine = (self.hosts[self.rank], sorted(self.affinity[self.rank]), path, self.engines[self.rank])
+        with self.begin("mpinb set-up", timeout=timeout) as op:
+            table = op.allgather(mine)
+        self.hosts = [h for h, _, _, _ in table]
+        self.affinity = [frozenset(a) for _, a, _, _ in table]
+        self.engines = [e for _, _, _, e in table]
+        self.crowded = len(self.local_ranks()) > len(self.host_cores())
+        if self.board is not None:
+            self.board.open_peers({r: p for r, (h, _, p, _) in enumerate(table)
+                                   if r != self.rank and p is not None and h == self.host},
+                                  leader=self.local_ranks()[0])
+        with self.begin("mpinb set-up", timeout=timeout):
+            pass  # every rank has opened its neighbours' rows: the names can go
+        if self.board is not None:
+            self.board.unlink()
+            self.board.enter(self.gens[self.active].number, 0, "mpinb set-up", _board.IDLE)
+            self.board.leave(_board.DONE)
+            cell = cells.current()
+            if cell.id:
+                self.board.cell_begin(cell.id)
+        # The user's collectives are numbered from 1 (every rank resets at the same point).
+        self.gens[self.active].index = 0
+        self.ready = True
+
+    # -- generations ------------------------------------------------------------------------------
+    def _current(self, name: str, digest: int, seconds: float | None, deadline: float | None, cell: int) -> Gen:
+        """The generation to run on, after moving past revoked ones (each Idup polled). Raises at
+        once when this call is a collective another rank abandoned, come late."""
+        while True:
+            gen = self.gens[self.active]
+            if gen.request is not None:
+                if self.board is not None:
+                    self.board.enter(gen.number, 0, name, _board.SWITCHING)
+                try:
+                    poll(self, [gen.request], deadline, spin=SPIN)
+                except DeadlinePassed:
+                    if self.board is not None:
+                        self.board.leave(_board.TIMED_OUT)
+                    raise texts.switch_timeout(self, name, seconds, gen, cell) from None
+                gen.request = None
+            if gen.revoked is None:
+                return gen
+            stale = self._leave(gen, name, digest, cell)
+            self.active += 1
+            if stale is not None:
+                raise stale  # before waiting for the next generation: the others may be idle
+
+    def _leave(self, gen: Gen, name: str, digest: int, cell: int) -> BaseException | None:
+        note = gen.revoked
+        assert note is not None
+        gen.left = True
+        stale = None
+        if gen.index == note["index"] - 1:
+            # This rank never reached the abandoned collective, so the others' arrivals are still
+            # pending: complete them with a matching arrival, so MPI holds no request for ever.
+            header = np.zeros(8, np.int64)
+            gen.pending.append(([gen.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.MIN)], header))
+            # Its next collective is the abandoned one, come late -- unless the cell it belonged to
+            # has ended here (this rank left it early, with an error or by returning) and this is a
+            # new cell's, or it is another collective (this rank skipped the abandoned one). The
+            # same collective, from the same cell, is taken for the late one: raising where it
+            # was the next one is an error to read; pairing where it was the late one is a wrong number.
+            if note["rank"] != self.rank and note.get("cell", 0) == cell and note.get("digest") == digest:
+                stale = texts.stale_error(name, note["index"], self.rank, note)
+        if stale is None and not gen.abandoned_here and note["rank"] != self.rank and note.get("departed") != self.rank:
+            warnings.warn(texts.elsewhere_warning(note, self.rank), RuntimeWarning, stacklevel=_caller_level())
+        self.collect()
+        return stale
+
+    def _expect_notices(self) -> None:
+        """Take in the notices the host's shared word announces. A notice can sit in MPI's queues
+        until the receiver has made progress a few times, so a rank entering its next collective
+        could miss it; on one host the word says one is due. Across hosts, notices arrive as MPI
+        delivers them (within a rank's next few collectives)."""
+        board = self.board
+        if board is None or board.host_revoked() <= self._known_revoked():
+            return
+        give_up = time.monotonic() + 5.0  # the notice was sent before the word was written
+        while board.host_revoked() > self._known_revoked() and time.monotonic() < give_up:
+            self.notices()
+            if board.host_revoked() > self._known_revoked():
+                time.sleep(1e-5)
+
+    def _known_revoked(self) -> int:
+        for gen in reversed(self.gens):
+            if gen.revoked is not None:
+                return gen.number + 1
+        return 0
+
+    def _post_next(self) -> None:
+        newest = self.gens[-1]
+        self.gens.append(Gen(newest.number + 1, *self.parent.Idup()))
+
+    def abandon(self, op: Op, requests: list[Any], keep: Any, why: str | None,
+                missing: dict[int, str] | None = None, departed: int | None = None) -> None:
+        """Give up on ``op``; ``why`` is None when a notice from another rank ended it. A rank whose
+        deadline passed sends the ranks it was waiting for along, so that the others name them too."""
+        gen = op.gen
+        gen.pending.append((requests, keep))
+        gen.abandoned_here = True
+        if gen.revoked is not None:
+            return
+        gen.revoked = note = {"gen": gen.number, "index": op.index, "name": op.name, "rank": self.rank,
+                              "why": why or "abandoned", "time": time.time(), "missing": missing,
+                              "timeout": op.timeout, "cell": op.cell, "digest": op.digest, "departed": departed}
+        for r in range(self.size):
+            if r != self.rank:
+                self._sends.append(self.ctrl.isend(note, dest=r, tag=_NOTICE))
+        if self.board is not None:
+            self.board.mark_revoked(gen.number)
+        self._post_next()
+
+    def retire(self, op: Op, why: str) -> None:
+        """End ``op``'s generation on this rank without a notice: every rank decides so at the same
+        point, from the same arrival (the arrival completed, so nothing is pending)."""
+        gen = op.gen
+        gen.abandoned_here = True
+        if gen.revoked is None:
+            gen.revoked = {"gen": gen.number, "index": op.index, "name": op.name, "rank": self.rank, "why": why,
+                           "time": time.time(), "missing": None, "timeout": op.timeout, "cell": op.cell,
+                           "digest": op.digest}
+            self._post_next()
+
+    def notices(self) -> None:
+        """Take in every notice that has arrived; a revocation notice ends its generation here too."""
+        ctrl = self.ctrl
+        if ctrl is None:
+            return
+        status = MPI.Status()
+        while True:
+            # The first probe may only pull arrived messages into MPI's queue (MPICH over UCX), so
+            # an empty answer is asked once more.
+            message = ctrl.improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+            if message is None:
+                message = ctrl.improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+                if message is None:
+                    return
+            note = message.recv()
+            if status.Get_tag() == _CELL:
+                self._remote_cells[note[0]] = _board.CellRecord(*note[1:])
+                continue
+            gen = next((g for g in self.gens if g.number == note["gen"]), None)
+            if gen is not None and gen.revoked is None and not self.closed:
+                gen.revoked = note
+                self._post_next()
+
+    def collect(self) -> None:
+        """Drop finished sends and abandoned requests; free generations nothing uses any more."""
+        self.notices()
+        if self._sends:
+            self._sends = [s for s in self._sends if not s.Test()]
+        if len(self.gens) == 1 and not self.gens[0].pending:
+            return
+        for gen in self.gens:
+            if gen.pending:
+                gen.pending = [(reqs, keep) for reqs, keep in gen.pending if not MPI.Request.Testall(reqs)]
+            if gen.left and not gen.pending and not gen.freed and gen.comm is not None:
+                gen.comm.Free()  # local in MPICH and Open MPI; every rank frees each generation once
+                gen.freed = True
+
+    def close(self) -> None:
+        """Free the private communicators (at exit, or when the user's communicator is freed)."""
+        self.closed = True
+        for gen in self.gens:
+            if not gen.freed and gen.request is None and not gen.pending:
+                gen.comm.Free()
+                gen.freed = True
+        if self.ctrl is not None and not self._sends:
+            self.ctrl.Free()
+            self.ctrl = None
+        if self.board is not None:
+            self.board.unlink()
+
+    # -- cells ----------------------------------------------------------------------------------
+    def on_cell(self, event: str, cell: cells.Cell, error: BaseException | None) -> None:
+        """Record a cell's beginning or end where the other ranks look (board, notices)."""
+        if not self.ready or self.closed or self.size == 1:
+            return
+        if event == "begin":
+            if self.board is not None:
+                self.board.cell_begin(cell.id)
+            return
+        gen = self.gens[self.active]
+        text = cells.describe_error(error)
+        if self.board is not None:
+            self.board.cell_end(cell.id, gen.number, gen.index, text)
+        remote = [r for r, h in enumerate(self.hosts) if h != self.host]
+        if remote and self.ctrl is not None:
+            note = (self.rank, cell.id, False, cell.id, gen.number, gen.index, time.time_ns(), text)
+            for r in remote:
+                self._sends.append(self.ctrl.isend(note, dest=r, tag=_CELL))
+            self._sends = [s for s in self._sends if not s.Test()]
+
+    def cell_record(self, rank: int) -> _board.CellRecord | None:
+        """Where ``rank`` is in the cells: its board row on this host, its last notice elsewhere."""
+        if self.hosts[rank] == self.host and self.board is not None:
+            record = self.board.read_cell(rank)
+            if record is not None:
+                return record
+        return self._remote_cells.get(rank)
+
+    def departed(self, op: Op) -> tuple[int, str] | None:
+        """A rank ``op`` waits for that has left ``op``'s cell without entering ``op``, and what it did."""
+        cell = op.cell
+        if not cell:
+            return None
+        here = (op.gen.number, op.index)
+        waited = time.monotonic() - op.began
+        for r in range(self.size):
+            if r == self.rank:
+                continue
+            record = self.cell_record(r)
+            if record is None:
+                continue
+            if record.ended_cell == cell and (record.ended_gen, record.ended_index) < here:
+                return r, f"ended its cell ({record.text})"
+            if record.cell > cell or record.ended_cell > cell:
+                return r, "left this cell and is running a later one"
+            if (not record.running and record.cell < cell and waited > _IDLE_AWAY
+                    and time.time_ns() - record.ended_ns > _IDLE_AWAY * 1e9):
+                idle = "" if not record.ended_ns else f" for {(time.time_ns() - record.ended_ns) / 1e9:.0f} s"
+                return r, f"is not running this cell (idle{idle})"
+        return None
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside mpinb."""
+    import sys
+
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("mpinb"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _affinity() -> frozenset[int]:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity API
+        return frozenset(range(os.cpu_count() or 1))

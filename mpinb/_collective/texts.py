@@ -1,0 +1,186 @@
+"""The collective layer's error texts: what a rank says when it stops waiting, and why.
+
+Every text names the operation by its place in the communicator's sequence (``allreduce #3``),
+the ranks involved, and where each missing rank was; every one ends with what happens next.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from mpinb._collective import board as _board
+from mpinb.errors import CollectiveAbandoned, CollectiveTimeout, _describe_mismatch
+
+if TYPE_CHECKING:
+    from mpinb._collective.channels import Channel, Gen
+    from mpinb._collective.ops import Op
+
+NEXT = ("mpinb moves every rank to a fresh communicator, so the next collective works once every rank "
+         "calls it.")
+
+
+def ranks(values: list[int]) -> str:
+    return f"{'rank' if len(values) == 1 else 'ranks'} {', '.join(map(str, values))}"
+
+
+def listing(missing: dict[int, str]) -> str:
+    return "; ".join(f"rank {r} ({why})" for r, why in missing.items())
+
+
+def whereabouts(chan: Channel, gen: Gen, index: int, cell: int) -> tuple[dict[int, str], list[int]]:
+    """The ranks not known to have arrived at ``(gen, index)``, each with where it was."""
+    missing: dict[int, str] = {}
+    arrived: list[int] = []
+    now = time.time_ns()
+    for r in range(chan.size):
+        if r == chan.rank:
+            continue
+        row = None if chan.board is None else chan.board.read(r)
+        if row is None:
+            left = chan.cell_record(r)
+            if left is not None and left.ended_cell == cell and cell:
+                missing[r] = f"on host {chan.hosts[r]}, idle: its cell {left.text}"
+            else:
+                missing[r] = (f"on host {chan.hosts[r]}, whose status is not visible from {chan.host}"
+                              if chan.hosts[r] != chan.host else "its status could not be read")
+            continue
+        if row.gen > gen.number or (row.gen == gen.number and row.index >= index):
+            arrived.append(r)
+            continue
+        record = chan.cell_record(r)
+        if row.inside:
+            missing[r] = f"it is in {row.describe(now)}"
+        elif record is not None and cell and record.ended_cell == cell and not record.running:
+            ago = (now - record.ended_ns) / 1e9
+            missing[r] = f"idle: its cell {record.text} {ago:.1f} s ago"
+        elif row.index == 0 and row.gen == gen.number:
+            since = "on this communicator yet" if gen.number == 0 else "since mpinb moved to a fresh communicator"
+            missing[r] = f"no mpinb collective {since}; it is computing or blocked outside mpinb"
+        else:
+            missing[r] = f"its last mpinb collective: {row.describe(now)}; it is computing or blocked outside mpinb"
+    return missing, arrived
+
+
+def timeout_error(op: Op, phase: int) -> CollectiveTimeout:
+    chan = op.chan
+    head = f"{op.name} #{op.index} timed out after {op.timeout:g} s on rank {chan.rank}"
+    missing: dict[int, str] = {}
+    arrived: tuple[int, ...] = ()
+    if phase == _board.ARRIVING:
+        found, came = whereabouts(chan, op.gen, op.index, op.cell)
+        missing, arrived = found, tuple(came)
+        tail = (f"waiting for {listing(missing)}" if missing
+                else "every rank seems to have arrived, yet the arrival did not complete")
+        if arrived:
+            tail += f"; {ranks(list(arrived))} arrived"
+    else:
+        tail = ("every rank arrived, but the data did not finish moving (a rank may have stopped "
+                "between the messages of this collective)")
+    return CollectiveTimeout(
+        f"{head}: {tail}. mpinb moves every rank to a fresh communicator, so the next collective works "
+        "once every rank calls it; a rank stuck outside mpinb (its own MPI call, C code) cannot "
+        "rejoin: cluster.restart() replaces the engines.",
+        operation=op.name, number=op.index, timeout=op.timeout, rank=chan.rank,
+        missing=missing, arrived=arrived,
+    )
+
+
+def abandoned_error(op: Op, note: dict[str, Any]) -> CollectiveTimeout | CollectiveAbandoned:
+    rank = op.chan.rank
+    if note.get("missing") is not None:
+        # Another waiting rank's deadline passed first: this rank waited for the same ranks.
+        missing = {r: why for r, why in note["missing"].items() if r != rank}
+        return CollectiveTimeout(
+            f"{op.name} #{op.index} timed out after {note['timeout']:g} s on rank {rank}: waiting "
+            f"for {listing(missing) or 'the ranks that had not arrived'} (the deadline passed first on rank "
+            f"{note['rank']}, which told the others). {NEXT}",
+            operation=op.name, number=op.index, timeout=note["timeout"], rank=rank, missing=missing,
+        )
+    return CollectiveAbandoned(
+        f"{op.name} #{op.index} stopped on rank {rank}: rank {note['rank']} gave up on "
+        f"{note['name']} #{note['index']} ({note['why']}). {NEXT}",
+        operation=op.name, by=note["rank"], reason=note["why"], rank=rank,
+    )
+
+
+def left_cell_reason(rank: int, what: str) -> str:
+    return f"rank {rank} {what}"
+
+
+def stale_error(name: str, index: int, rank: int, note: dict[str, Any]) -> CollectiveAbandoned:
+    ago = time.time() - note["time"]
+    return CollectiveAbandoned(
+        f"{name} #{index} on rank {rank} came too late: rank {note['rank']} abandoned {note['name']} "
+        f"#{note['index']} {ago:.1f} s ago ({note['why']}), and this call is that collective, so it raises "
+        "instead of pairing with another call. Every rank is on a fresh communicator now: the next "
+        "collective works once every rank calls it.",
+        operation=name, by=note["rank"], reason=note["why"], rank=rank,
+    )
+
+
+def later_cell_error(op: Op) -> CollectiveAbandoned:
+    return CollectiveAbandoned(
+        f"{op.name} #{op.index} stopped on rank {op.chan.rank}: another rank has already left this cell and "
+        "entered this collective from a later one, so the two cannot pair. That rank's collective runs "
+        "again with the others in its own cell.",
+        operation=op.name, reason="a rank is in a later cell", rank=op.chan.rank,
+    )
+
+
+def not_in_cell_error(name: str, rank: int, outside: list[int], engines: list[int | None],
+                      targets: tuple[int, ...]) -> CollectiveAbandoned:
+    sent = ", ".join(map(str, sorted(targets)))
+    away = ", ".join(f"{r} (engine {engines[r]})" for r in outside)
+    label, verb = ("rank", "is") if len(outside) == 1 else ("ranks", "are")
+    return CollectiveAbandoned(
+        f"{name} on rank {rank} needs every rank of its communicator, but this cell was sent to engines "
+        f"{sent} only: {label} {away} {verb} not running it, so nothing was sent. "
+        "Run collectives in cells that go to every engine (%%px without --targets, cluster.view).",
+        operation=name, reason="ranks not running this cell", rank=rank,
+    )
+
+
+def switch_timeout(chan: Channel, name: str, seconds: float | None, gen: Gen, cell: int) -> CollectiveTimeout:
+    previous = chan.gens[chan.active - 1].revoked if chan.active else None
+    cause = "" if previous is None else (
+        f" after rank {previous['rank']} gave up on {previous['name']} #{previous['index']} ({previous['why']})"
+    )
+    missing = whereabouts(chan, gen, 0, cell)[0]
+    return CollectiveTimeout(
+        f"{name} timed out after {seconds:g} s on rank {chan.rank} waiting for every rank to move to a "
+        f"fresh communicator{cause}: waiting for {listing(missing) or 'unknown ranks'}. Each rank moves when "
+        "it enters its next mpinb collective; the move resumes at this rank's next call.",
+        operation=name, timeout=seconds, rank=chan.rank, missing=missing,
+    )
+
+
+def setup_timeout(name: str, seconds: float, rank: int) -> CollectiveTimeout:
+    return CollectiveTimeout(
+        f"{name} timed out after {seconds:g} s on rank {rank} while mpinb set up its "
+        f"communicators: not every rank has called an mpinb collective on this communicator yet, "
+        "and before that mpinb cannot tell which ranks are missing. Call mpinb.world() on every "
+        "rank first (MPICluster does when the engines start); the set-up resumes at the next call.",
+        operation=name, timeout=seconds, rank=rank,
+    )
+
+
+def elsewhere_warning(note: dict[str, Any], rank: int) -> str:
+    return (f"mpinb: rank {note['rank']} gave up on {note['name']} #{note['index']} ({note['why']}) while "
+            f"rank {rank} was elsewhere; every rank moves to a fresh communicator, and this "
+            "rank's next collective runs on it.")
+
+
+def waiting_notice(op: Op, waited: float) -> str:
+    missing, _ = whereabouts(op.chan, op.gen, op.index, op.cell)
+    return (f"mpinb: rank {op.chan.rank} has waited {waited:.0f} s in {op.name} #{op.index} for "
+            f"{listing(missing) or 'the other ranks'}.")
+
+
+def mismatch_message(texts: list[tuple[str, str]], what: str | None) -> str:
+    names = [n for n, _ in texts]
+    if len(set(names)) > 1:
+        return _describe_mismatch("the mpinb collective called at this point", names) + (
+            " Every rank must call the same mpinb collectives in the same order."
+        )
+    return _describe_mismatch(what or f"{names[0]}'s arguments", [t for _, t in texts])

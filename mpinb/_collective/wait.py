@@ -1,0 +1,122 @@
+"""The waiting policy: how a rank waits for MPI requests without hanging, starving or missing news.
+
+Every wait of the collective layer is one call of :func:`poll`. It tests the requests; checks the
+deadline, notices from other ranks, whether a rank it waits for has left the cell, and Ctrl-C (also
+when the wait runs on a thread SIGINT never reaches); spins briefly, then yields the core.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from mpi4py import MPI
+
+from mpinb import interrupt as _interrupt
+
+if TYPE_CHECKING:
+    from mpinb._collective.channels import Channel
+    from mpinb._collective.ops import Op
+
+__all__ = ["DeadlinePassed", "PeerGaveUp", "PeerLeft", "poll"]
+
+SPIN = 1e-3  # busy-poll this long before sleeping: arrival skew on an idle machine stays below it
+_YIELD = 2e-2  # then test and yield the core for this long: a sleeping rank would delay the next message
+_FIRST_PAUSE, _MAX_PAUSE = 2e-5, 1e-3  # then sleep between tests, the pause doubling
+_DATA_SPIN = 2e-2  # with every rank present, test without yielding for this long
+_CHECK = 5e-5  # seconds between looks at notices and the deadline while ranks arrive
+_CHECK_DATA = 1e-3  # the same while data move
+_WATCH = 0.05  # seconds between looks at whether a missing rank has left the cell (a board read)
+_INTERRUPT_GRACE = 1.0  # a Ctrl-C flag pending through this much of one wait ends it (see below)
+
+
+class DeadlinePassed(Exception):
+    pass
+
+
+class PeerGaveUp(Exception):
+    def __init__(self, note: dict[str, Any]) -> None:
+        super().__init__(note)
+        self.note = note
+
+
+class PeerLeft(Exception):
+    """A rank this one waits for has left the cell without entering the operation."""
+
+    def __init__(self, rank: int, what: str) -> None:
+        super().__init__(rank, what)
+        self.rank, self.what = rank, what
+
+
+def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: float | None = None,
+         op: Op | None = None) -> None:
+    """Return once every request completed. Raises DeadlinePassed, PeerGaveUp (``op``'s generation
+    revoked by another rank at or before ``op``), PeerLeft (while ranks arrive: one of them ended
+    the cell ``op`` belongs to), or KeyboardInterrupt.
+
+    MPI progresses a non-blocking collective only while it is tested, so the data phase
+    (``spin=None``: every rank is there) keeps testing, and yields the core only after
+    ``_DATA_SPIN`` seconds. While ranks have yet to arrive it busy-polls for ``spin`` seconds, then
+    tests and yields the core (``sched_yield``: free on an idle core, given away on a busy one) for
+    ``_YIELD`` seconds, and only then sleeps between tests with a doubling pause: a rank asleep
+    when the last one arrives would hold up the operation's next message by the rest of its nap.
+    Where ranks outnumber cores it sleeps from the start while ranks arrive, and yields while data
+    move. Notices and the deadline are checked every ``_CHECK`` seconds (``_CHECK_DATA`` while data
+    move) and after every sleep.
+
+    Ctrl-C inside a collective loop only sets a :class:`~mpinb.interrupt.StopFlag`, so that every
+    rank stops at the same iteration; but a rank stuck here waiting would never reach the vote, so
+    a flag still pending after ``_INTERRUPT_GRACE`` seconds of this wait ends it as a plain Ctrl-C
+    does (counted from the later of the signal and the wait's start, so a rank that computed
+    through the signal still votes). That includes a wait on a thread of TensorFlow's, which SIGINT never reaches.
+    """
+    testall = MPI.Request.Testall
+    if testall(requests):
+        return
+    now = began = time.monotonic()
+    spin_until = now + (_DATA_SPIN if spin is None else spin)
+    # Where ranks outnumber cores, a rank yielding in a loop still takes turns on a core that a
+    # computing rank needs: waiting for arrivals, it sleeps from the start.
+    yield_until = now if chan.crowded else spin_until + _YIELD
+    # Probing for notices progresses MPI too, but costs tens of microseconds while megabytes move.
+    interval = _CHECK if spin is not None else _CHECK_DATA
+    check_at = now + interval  # the operation looked for notices when it began
+    watch_at = now  # ... but not yet whether a missing rank has left the cell
+    pause = _FIRST_PAUSE
+    gen = None if op is None else op.gen
+    while True:
+        if testall(requests):
+            return
+        now = time.monotonic()
+        if now >= check_at:
+            check_at = now + interval
+            chan.notices()
+            note = None if gen is None else gen.revoked
+            if note is not None and note["rank"] != chan.rank and op.index >= note["index"]:
+                raise PeerGaveUp(note)
+            if deadline is not None and now >= deadline:
+                if testall(requests):  # the last rank may have arrived while this one slept
+                    return
+                raise DeadlinePassed
+            if now >= watch_at:
+                watch_at = now + _WATCH
+                if spin is not None and op is not None:
+                    left = chan.departed(op)
+                    if left is not None:
+                        if testall(requests):
+                            return
+                        raise PeerLeft(*left)
+                    if op.notice_at is not None and now >= op.notice_at:
+                        op.tell_waiting()
+                since = _interrupt.pending_since()
+                if since is not None and now - max(since, began) >= _INTERRUPT_GRACE:
+                    _interrupt.consume()
+                    raise KeyboardInterrupt("interrupted (Ctrl-C) while waiting in an mpinb collective")
+        if now >= spin_until or chan.crowded:
+            if spin is None or now < yield_until:
+                os.sched_yield()
+            else:
+                time.sleep(pause if deadline is None else min(pause, max(deadline - now, 0.0)))
+                pause = min(2 * pause, _MAX_PAUSE)
+                check_at = now  # look again after every sleep

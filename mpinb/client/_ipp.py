@@ -1,0 +1,73 @@
+"""What mpinb needs from ipyparallel beyond its public API, in one place. Client.
+
+ipyparallel sends one execute request per engine, each with its own message id, so nothing in a
+request tells an engine which requests to the other engines belong to the same cell. A
+``DirectView.execute`` call passes one metadata dict to every request it sends; stamping that dict
+once gives every engine of one cell the same id, and the engine ids it goes to
+(:mod:`mpinb._collective.cells` reads them in the engines' ``pre_execute`` hook).
+
+ipyparallel's ``%%px`` sends SIGINT to the engines when its blocking wait is interrupted (the Stop
+button), shows their output and returns: the ranks' errors -- the one that started it all among
+them -- are never shown. :func:`px_magics` waits a moment for them and raises them as any failed
+cell does, grouped by rank.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mpinb._collective.cells import CELL_KEY, TARGETS_KEY
+
+__all__ = ["px_magics", "stamp_cells"]
+
+_STOP_WAIT = 10.0  # seconds a stopped %%px cell waits for every rank's outcome
+
+def stamp_cells(client: Any) -> None:
+    """Stamp every execute request of one ``execute`` call through ``client`` with one cell id
+    (idempotent). Requests without a shared metadata dict are left alone: the engines count them."""
+    if getattr(client, "_mpinb_stamps_cells", False):
+        return
+    send, build = client.send_execute_request, client._build_targets
+    last: dict[str, Any] = {"targets": None, "id": 0}
+
+    def build_targets(targets: Any) -> Any:
+        idents, ids = build(targets)
+        last["targets"] = [int(i) for i in ids]
+        return idents, ids
+
+    def send_execute_request(socket: Any, code: str, silent: bool = True, metadata: dict | None = None,
+                             ident: Any = None, **kwargs: Any) -> Any:
+        if metadata is not None and CELL_KEY not in metadata:
+            # Increasing, and unique per client: the engines compare cells by id to tell an earlier
+            # cell from a later one.
+            last["id"] = max(time.time_ns(), last["id"] + 1)
+            metadata[CELL_KEY] = last["id"]
+            if last["targets"] is not None:
+                metadata[TARGETS_KEY] = last["targets"]
+        return send(socket, code, silent=silent, metadata=metadata, ident=ident, **kwargs)
+
+    client._build_targets = build_targets
+    client.send_execute_request = send_execute_request
+    client._mpinb_stamps_cells = True
+
+
+def px_magics(shell: Any, view: Any) -> Any:
+    """ipyparallel's ``%px``/``%%px`` magics on ``view``, showing every rank's error after the Stop button."""
+    from ipyparallel.client.magics import ParallelMagics
+
+    class StoppedCellsShowTheirErrors(ParallelMagics):
+        def parallel_execute(self, cell: str, block: Any = None, **kwargs: Any) -> Any:
+            self.last_result = None
+            out = super().parallel_execute(cell, block=block, **kwargs)
+            result = self.last_result
+            if (self.view.block if block is None else block) and result is not None:
+                # A blocking cell that returned without raising either succeeded or was stopped
+                # (ipyparallel then signals the engines and swallows the interrupt): every rank
+                # now stops, and says how.
+                result.wait(timeout=_STOP_WAIT)
+                if result.done() and not result.successful():
+                    result.get()  # raises the ranks' errors, grouped, as after any failed cell
+            return out
+
+    return StoppedCellsShowTheirErrors(shell, view, "")
