@@ -1,4 +1,4 @@
-"""The status board: every rank's last mpinb collective, readable by the ranks on its host.
+"""The status board: every rank's last mpinb collective and cell, readable by the ranks on its host.
 
 Each rank owns one row in a small file it maps into memory (in ``/dev/shm`` where there is one).
 Writing the row is a few plain stores, so every collective records itself at no communication
@@ -6,13 +6,21 @@ cost; a rank that gives up waiting reads the rows of the ranks on its host, so i
 missing rank is even while that rank computes, sleeps or is blocked elsewhere. The files are
 unlinked once every rank has opened its neighbours' (the mappings outlive the names), so nothing
 is left behind however a process ends. No MPI here: the collective layer exchanges the paths.
+
+Beside each row, a *where* file: a rank asked where it is (``ask_where``) receives ``SIGUSR2`` and
+Python's ``faulthandler`` writes its threads' stacks there from the signal handler itself, so the
+answer comes even while the rank computes in C code, sleeps or is blocked in its own MPI call.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import mmap
 import os
+import re
+import signal
 import tempfile
+import threading
 import time
 import uuid
 
@@ -28,7 +36,8 @@ _NAME = slice(8, 16)  # 64 bytes of UTF-8
 # The cell: the one running (or the last, if none runs), and the last one that ended, with where
 # this rank's collectives were then (generation, operations begun) and how it ended.
 _CELL_RUNNING, _ENDED_CELL, _ENDED_GEN, _ENDED_INDEX, _ENDED_NS = range(16, 21)
-_ENDED_TEXT = slice(21, 64)  # 344 bytes of UTF-8: "raised ZeroDivisionError: division by zero"
+_MAIN_THREAD, _STARTED = 21, 22  # the main thread's ident, and when the process started (clock ticks)
+_ENDED_TEXT = slice(23, 64)  # 328 bytes of UTF-8: "raised ZeroDivisionError: division by zero"
 _TEXT_BYTES = (_ENDED_TEXT.stop - _ENDED_TEXT.start) * 8
 
 # Phases of an operation, and how it ended.
@@ -102,6 +111,9 @@ class Board:
         # A memoryview of int64: item stores cost a fraction of NumPy's, and every collective makes six.
         self.mine = memoryview(self._own_map).cast("q")
         self.mine[_PID] = os.getpid()
+        self.mine[_MAIN_THREAD] = threading.main_thread().ident or 0
+        self.mine[_STARTED] = _started(os.getpid())
+        self._where = _own_where_file(folder)
         self.peers: dict[int, np.ndarray] = {}
         self.shared = self.mine  # the host's shared words live in the leader's file
         self._maps: list[mmap.mmap] = []
@@ -128,6 +140,7 @@ class Board:
             self.peers[rank] = np.frombuffer(mapped, dtype=np.int64)
             if writable:
                 self.shared = memoryview(mapped).cast("q")
+            _open_where_file(os.path.dirname(path), int(self.peers[rank][_PID]), int(self.peers[rank][_STARTED]))
 
     def host_revoked(self) -> int:
         """1 + the newest generation a rank on this host gave up on (0: none)."""
@@ -139,10 +152,44 @@ class Board:
             self.shared[_HOST_REVOKED] = gen + 1
 
     def unlink(self) -> None:
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        for path in (self.path, self._where or ""):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def ask_where(self, ranks: list[int], timeout: float = 0.3) -> dict[int, str]:
+        """Where each of ``ranks`` (on this host) is in its Python code: ``"time.sleep in f (cell.py:3)"``.
+
+        Signals each of them (checking first that its PID is still the process that wrote the row)
+        and reads the stack its handler wrote; ranks that do not answer within ``timeout`` are left out.
+        """
+        asked: dict[int, tuple[int, int]] = {}
+        for rank in ranks:
+            words = self.peers.get(rank)
+            if words is None:
+                continue
+            pid, started = int(words[_PID]), int(words[_STARTED])
+            fd = _peer_where.get((pid, started))
+            if fd is None or not started or _started(pid) != started:
+                continue  # gone, or its PID now names another process: never signal that one
+            try:
+                os.ftruncate(fd, 0)
+                os.kill(pid, _WHERE_SIGNAL)
+            except OSError:
+                continue
+            asked[rank] = (fd, int(words[_MAIN_THREAD]))
+        found: dict[int, str] = {}
+        give_up = time.monotonic() + timeout
+        while asked and time.monotonic() < give_up:
+            time.sleep(0.005)
+            for rank, (fd, main) in list(asked.items()):
+                text = os.pread(fd, 1 << 16, 0).decode(errors="replace")
+                where = _innermost(text, main)
+                if where is not None:
+                    found[rank] = where
+                    del asked[rank]
+        return found
 
     def enter(self, gen: int, index: int, name: str, phase: int) -> None:
         mine = self.mine
@@ -187,3 +234,68 @@ class Board:
             raw = name.encode()[:64].ljust(64, b"\0")
             encoded = self._names[name] = memoryview(raw).cast("q")
         return encoded
+
+
+# A signal nothing else in the stack uses (Hydra forwards SIGUSR1 to its processes); none on Windows.
+_WHERE_SIGNAL = getattr(signal, "SIGUSR2", None)
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the mpinb package
+
+
+# One where file per process, whichever communicators it is on (faulthandler writes to one file per
+# signal), named by PID and start time so that the ranks on its host find it; they keep it open.
+_own_where: str | None = None
+_peer_where: dict[tuple[int, int], int] = {}
+
+
+def _where_path(folder: str, pid: int, started: int) -> str:
+    return os.path.join(folder, f"mpinb-where-{pid}-{started}")
+
+
+def _own_where_file(folder: str) -> str | None:
+    global _own_where
+    if _own_where is None and _WHERE_SIGNAL is not None:
+        path = _where_path(folder, os.getpid(), _started(os.getpid()))
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError:
+            return None
+        faulthandler.register(_WHERE_SIGNAL, file=fd, all_threads=True, chain=False)
+        _own_where = path
+    return _own_where
+
+
+def _open_where_file(folder: str, pid: int, started: int) -> None:
+    if (pid, started) not in _peer_where and started:
+        try:
+            _peer_where[(pid, started)] = os.open(_where_path(folder, pid, started), os.O_RDWR)
+        except OSError:
+            pass
+
+
+def _started(pid: int) -> int:
+    """When process ``pid`` started, in clock ticks since boot (0 where /proc cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _innermost(dump: str, main: int) -> str | None:
+    """The main thread's innermost frame outside mpinb in a faulthandler dump (``None`` until the
+    dump of that thread is complete)."""
+    if not dump.endswith("\n"):
+        return None
+    blocks = dump.split("\n\n")
+    for block in blocks:
+        lines = block.strip("\n").splitlines()
+        if not lines or f"0x{main:016x}" not in lines[0]:
+            continue
+        frames = [m for m in map(_FRAME.match, lines[1:]) if m is not None]
+        outside = [m for m in frames if not m["file"].startswith(_OWN + os.sep)]
+        if not outside:
+            return None if not frames else "inside mpinb"
+        top = outside[0]
+        return f"{top['func']} ({os.path.basename(top['file'])}:{top['line']})"
+    return None

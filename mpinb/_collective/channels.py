@@ -32,7 +32,7 @@ from mpi4py import MPI
 from mpinb._collective import board as _board
 from mpinb._collective import cells, texts
 from mpinb._collective.ops import Op, Retry, digest_of
-from mpinb._collective.wait import SPIN, DeadlinePassed, poll
+from mpinb._collective.wait import SPIN, DeadlinePassed, PeerLeft, poll
 from mpinb.deadline import DEFAULT, resolve
 from mpinb.errors import CollectiveAbandoned
 
@@ -198,12 +198,19 @@ class Channel:
             if gen.request is not None:
                 if self.board is not None:
                     self.board.enter(gen.number, 0, name, _board.SWITCHING)
+                # Waiting for every rank to post the next duplicate: a rank that has left the cell
+                # will not, so it is watched for as in any arrival.
+                switching = Op(self, gen, name, digest, 0, cell, seconds, deadline, (0, 0))
                 try:
-                    poll(self, [gen.request], deadline, spin=SPIN)
+                    poll(self, [gen.request], deadline, spin=SPIN, op=switching)
                 except DeadlinePassed:
                     if self.board is not None:
                         self.board.leave(_board.TIMED_OUT)
                     raise texts.switch_timeout(self, name, seconds, gen, cell) from None
+                except PeerLeft as left:
+                    if self.board is not None:
+                        self.board.leave(_board.ABANDONED)
+                    raise texts.switch_left_error(name, self.rank, left.rank, left.what) from None
                 gen.request = None
             if gen.revoked is None:
                 return gen

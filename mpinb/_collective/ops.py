@@ -295,13 +295,24 @@ def _unpickle(data: np.ndarray, counts: np.ndarray) -> list[Any]:
     return out
 
 
+_notice_cache: tuple[str | None, float | None] = ("", 10.0)
+
+
 def _notice_after() -> float | None:
-    raw = os.environ.get(_NOTICE_ENV, "").strip().lower()
-    if raw in ("", "default"):
-        return 10.0
-    if raw in ("none", "off", "0"):
-        return None
-    try:
-        return max(float(raw), 0.1)
-    except ValueError:
-        return 10.0
+    """Seconds of waiting before a rank says whom it waits for (``MPINB_WAIT_NOTICE``; ``off``: never)."""
+    global _notice_cache
+    raw = os.environ.get(_NOTICE_ENV)
+    if raw == _notice_cache[0]:
+        return _notice_cache[1]
+    text = (raw or "").strip().lower()
+    if text in ("", "default"):
+        value: float | None = 10.0
+    elif text in ("none", "off", "0"):
+        value = None
+    else:
+        try:
+            value = max(float(text), 0.1)
+        except ValueError:
+            value = 10.0
+    _notice_cache = (raw, value)
+    return value

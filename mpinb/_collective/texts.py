@@ -29,36 +29,41 @@ def listing(missing: dict[int, str]) -> str:
 
 
 def whereabouts(chan: Channel, gen: Gen, index: int, cell: int) -> tuple[dict[int, str], list[int]]:
-    """The ranks not known to have arrived at ``(gen, index)``, each with where it was."""
+    """The ranks not known to have arrived at ``(gen, index)``, each with where it was: in which mpinb
+    collective, idle with its cell ended (and how), or where in its own code it computes."""
     missing: dict[int, str] = {}
     arrived: list[int] = []
+    computing: list[int] = []
     now = time.time_ns()
     for r in range(chan.size):
         if r == chan.rank:
             continue
         row = None if chan.board is None else chan.board.read(r)
+        record = chan.cell_record(r)
         if row is None:
-            left = chan.cell_record(r)
-            if left is not None and left.ended_cell == cell and cell:
-                missing[r] = f"on host {chan.hosts[r]}, idle: its cell {left.text}"
+            if record is not None and cell and record.ended_cell == cell:
+                missing[r] = f"on host {chan.hosts[r]}, idle: its cell {record.text}"
             else:
                 missing[r] = (f"on host {chan.hosts[r]}, whose status is not visible from {chan.host}"
                               if chan.hosts[r] != chan.host else "its status could not be read")
             continue
         if row.gen > gen.number or (row.gen == gen.number and row.index >= index):
             arrived.append(r)
-            continue
-        record = chan.cell_record(r)
-        if row.inside:
+        elif row.inside:
             missing[r] = f"it is in {row.describe(now)}"
         elif record is not None and cell and record.ended_cell == cell and not record.running:
-            ago = (now - record.ended_ns) / 1e9
-            missing[r] = f"idle: its cell {record.text} {ago:.1f} s ago"
-        elif row.index == 0 and row.gen == gen.number:
-            since = "on this communicator yet" if gen.number == 0 else "since mpinb moved to a fresh communicator"
-            missing[r] = f"no mpinb collective {since}; it is computing or blocked outside mpinb"
+            missing[r] = f"idle: its cell {record.text} {(now - record.ended_ns) / 1e9:.1f} s ago"
         else:
-            missing[r] = f"its last mpinb collective: {row.describe(now)}; it is computing or blocked outside mpinb"
+            computing.append(r)
+            if row.index == 0 and row.gen == gen.number:
+                since = "on this communicator yet" if gen.number == 0 else "since mpinb moved to a fresh communicator"
+                missing[r] = f"no mpinb collective {since}"
+            else:
+                missing[r] = f"its last mpinb collective: {row.describe(now)}"
+    found = chan.board.ask_where(computing) if computing and chan.board is not None else {}
+    for r in computing:
+        missing[r] += (f"; it is computing outside mpinb, at {found[r]}" if r in found
+                       else "; it is computing or blocked outside mpinb")
     return missing, arrived
 
 
@@ -152,6 +157,14 @@ def switch_timeout(chan: Channel, name: str, seconds: float | None, gen: Gen, ce
         f"fresh communicator{cause}: waiting for {listing(missing) or 'unknown ranks'}. Each rank moves when "
         "it enters its next mpinb collective; the move resumes at this rank's next call.",
         operation=name, timeout=seconds, rank=chan.rank, missing=missing,
+    )
+
+
+def switch_left_error(name: str, rank: int, left: int, what: str) -> CollectiveAbandoned:
+    return CollectiveAbandoned(
+        f"{name} stopped on rank {rank} while every rank moved to a fresh communicator: rank {left} {what}, "
+        "and only joins the move with its next collective. The next cell's collectives work.",
+        operation=name, by=left, reason=f"rank {left} {what}", rank=rank,
     )
 
 

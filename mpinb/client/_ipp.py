@@ -15,6 +15,7 @@ cell does, grouped by rank.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mpinb._collective.cells import CELL_KEY, TARGETS_KEY
@@ -52,14 +53,22 @@ def stamp_cells(client: Any) -> None:
     client._mpinb_stamps_cells = True
 
 
-def px_magics(shell: Any, view: Any) -> Any:
-    """ipyparallel's ``%px``/``%%px`` magics on ``view``, showing every rank's error after the Stop button."""
+def px_magics(shell: Any, view: Any, deaths: Callable[[], str | None] | None = None) -> Any:
+    """ipyparallel's ``%px``/``%%px`` magics on ``view``, showing every rank's error after the Stop
+    button, and, when engines died, which rank died how (``deaths()`` tells)."""
     from ipyparallel.client.magics import ParallelMagics
+    from ipyparallel.error import CompositeError
 
     class StoppedCellsShowTheirErrors(ParallelMagics):
         def parallel_execute(self, cell: str, block: Any = None, **kwargs: Any) -> Any:
+            _require_engines(self.view)
             self.last_result = None
-            out = super().parallel_execute(cell, block=block, **kwargs)
+            try:
+                out = super().parallel_execute(cell, block=block, **kwargs)
+            except CompositeError as err:
+                if deaths is not None and any(name == "EngineError" for name, *_ in err.elist):
+                    err.mpinb_deaths = deaths()
+                raise
             result = self.last_result
             if (self.view.block if block is None else block) and result is not None:
                 # A blocking cell that returned without raising either succeeded or was stopped
@@ -71,3 +80,21 @@ def px_magics(shell: Any, view: Any) -> Any:
             return out
 
     return StoppedCellsShowTheirErrors(shell, view, "")
+
+
+def _require_engines(view: Any) -> None:
+    """Refuse a cell for engines that are gone, naming their ranks and the way out."""
+    from mpinb.client._tracebacks import rank_of_engine, rank_ranges
+
+    targets = view.targets if isinstance(view.targets, list) else [view.targets]
+    try:
+        alive = set(view.client.ids)
+    except Exception:  # noqa: BLE001 - a closed client
+        alive = set()
+    gone = [t for t in targets if isinstance(t, int) and t not in alive]
+    if gone:
+        ranks = sorted(rank_of_engine(t) for t in gone)
+        raise RuntimeError(
+            f"the engines of {'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)} are gone (an engine "
+            "died, and MPI ended its world): the cluster needs cluster.restart() before the next %%px cell."
+        )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["install", "rank_ranges", "remember_ranks"]
+__all__ = ["install", "rank_of_engine", "rank_ranges", "remember_ranks"]
 
 _rank_of_engine: dict[int, int] = {}
 
@@ -18,6 +18,11 @@ _rank_of_engine: dict[int, int] = {}
 def remember_ranks(ids_by_rank: list[int]) -> None:
     """Record which MPI rank each engine id is (``MPICluster`` calls it whenever it identifies)."""
     _rank_of_engine.update({eid: rank for rank, eid in enumerate(ids_by_rank)})
+
+
+def rank_of_engine(engine_id: int) -> int:
+    """The MPI rank of an engine id (the id itself when ``MPICluster`` has not identified it)."""
+    return _rank_of_engine.get(engine_id, engine_id)
 
 
 def rank_ranges(ranks: list[int], sep: str = ", ") -> str:
@@ -68,6 +73,9 @@ def _render(self: Any, excid: int | None = None) -> list[str]:
     for en, ev, etb, ei in self.elist:
         groups.setdefault((en, str(ev)), []).append((_who(ei), etb or "No traceback available"))
     lines = []
+    deaths = getattr(self, "mpinb_deaths", None)
+    if deaths:
+        lines += [f"mpinb: {deaths}", ""]
     for (en, _), members in groups.items():
         kinds = {kind for (kind, _), _ in members}
         numbers = [number for (_, number), _ in members]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -291,6 +292,28 @@ class MPICluster:
                 pass
         return Health(answered=answered, silent=silent, seconds=time.perf_counter() - t0, dead=sorted(dead))
 
+    def deaths(self) -> str | None:
+        """Which ranks died, and how, as MPI's launcher reported it (``None`` when it did not). Client.
+
+        ``"rank 1 (engine 1, pid 4242) died (SIGKILL); MPI ended the other ranks with it: cluster.restart()
+        starts a fresh set of engines."`` A ``%%px`` cell whose engines died says the same.
+        """
+        if self.cluster is None:
+            return None
+        text = ""
+        for launcher in list(self.cluster.engines.values()):
+            try:
+                text += launcher.get_output() or ""
+            except Exception:  # noqa: BLE001 - no output file
+                continue
+        found = []
+        for rank, pid, how in _parse_deaths(text):
+            engine = self._ids_by_rank[rank] if rank < len(self._ids_by_rank) else "?"
+            found.append(f"rank {rank} (engine {engine}, pid {pid}) died ({how})")
+        if not found:
+            return None
+        return "; ".join(found) + "; MPI ended the other ranks with it: cluster.restart() starts a fresh set of engines."
+
     def on_start(self, code: str) -> None:
         """Run ``code`` on every engine now, and again on the fresh engines after every :meth:`restart`. Client.
 
@@ -430,7 +453,7 @@ class MPICluster:
         stamp_cells(self.client)  # every engine learns which cell a request belongs to
         self.view = self.client.direct_view(targets=self._ids_by_rank)
         self.view.block = True
-        _activate(self.view)
+        _activate(self.view, self.deaths)
         # mpinb's collective set-up now, on every engine together: from the first cell on, a
         # collective that times out can name the missing ranks and say where each of them is.
         self.view.apply_sync(_set_up_collectives, self._owns_cluster)
@@ -485,6 +508,33 @@ class MPICluster:
             kill(pid)
 
 
+# MPICH's report of a rank that ended without MPI_Finalize (Hydra prints it when the job ends).
+_BAD_TERMINATION = re.compile(
+    r"RANK (?P<rank>\d+) PID (?P<pid>\d+) RUNNING AT \S+\s*\n=\s*"
+    r"(?:KILLED BY SIGNAL: (?P<signal>\d+)|EXIT STATUS: (?P<status>\d+))"
+)
+
+
+def _parse_deaths(text: str) -> list[tuple[int, int, str]]:
+    """``(rank, pid, how)`` for each rank MPI's launcher reported dead, in the order reported."""
+    import signal as _signal
+
+    out = []
+    for m in _BAD_TERMINATION.finditer(text):
+        if m["signal"] is not None:
+            number = int(m["signal"])
+            try:
+                how = _signal.Signals(number).name
+            except ValueError:
+                how = f"signal {number}"
+        else:
+            how = f"exit status {m['status']}"
+        entry = (int(m["rank"]), int(m["pid"]), how)
+        if entry not in out:
+            out.append(entry)
+    return out
+
+
 def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
 
@@ -535,7 +585,7 @@ def _config(base: dict[str, Any], extra: Any) -> Any:
     return config
 
 
-def _activate(view: Any) -> None:
+def _activate(view: Any, deaths: Any = None) -> None:
     """Make ``view`` the target of ``%%px`` in a notebook, with errors grouped by rank.
 
     What ``view.activate()`` does, except that output is shown when every rank is done rather than
@@ -550,7 +600,7 @@ def _activate(view: Any) -> None:
         return
     ip = get_ipython()
     if ip is not None:
-        magics = px_magics(ip, view)
+        magics = px_magics(ip, view, deaths)
         magics.stream_output = False
         ip.magics_manager.register(magics)
 

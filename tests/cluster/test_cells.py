@@ -68,6 +68,23 @@ if rank != 1:
     attempt(lambda: float(mpinb.allreduce([np.full(3, rank + 1.0)])[0][0]))
 """
 
+# Rank 1 returns early; the others try twice in the same cell (the second time, every rank must
+# first move to a fresh communicator, which rank 1 joins only in its next cell).
+TWICE = """
+record = None
+def _twice():
+    out = []
+    for _ in range(2):
+        try:
+            mpinb.allreduce([1])
+            out.append("ok")
+        except mpinb.CollectiveAbandoned:
+            out.append("abandoned")
+    return out
+if rank != 1:
+    attempt(_twice)
+"""
+
 # The next cell, queued right behind a failed one.
 QUEUED = "z = float(mpinb.allreduce([np.full(3, 10.0 + rank)])[0][0])"
 
@@ -185,6 +202,17 @@ def test_an_early_return_ends_the_others_wait_at_once(engines: Engines, trial: i
     marker = _mark(engines, "return", trial)
     records = engines.run(RETURN_EARLY)
     _prompt_errors(records, {1}, "ended its cell (ended normally)")
+    engines.recovered(marker)
+
+
+@pytest.mark.parametrize("trial", range(TRIALS // 2))
+def test_a_second_try_in_the_same_cell_does_not_wait_for_a_rank_that_left(engines: Engines, trial: int) -> None:
+    marker = _mark(engines, "twice", trial)
+    records = engines.run(TWICE)
+    for rank, rec in enumerate(records):
+        if rank != 1:
+            assert rec["value"] == ["abandoned", "abandoned"], f"rank {rank}: {rec}"
+            assert rec["ended"] - rec["began"] < 2 * PROMPT, f"rank {rank}: {rec}"
     engines.recovered(marker)
 
 

@@ -309,3 +309,23 @@ def test_deadline_and_blocking_give_the_same_results(comm) -> None:
 def test_bad_timeouts_are_refused_before_communicating(bad, comm) -> None:
     with raises_everywhere(ValueError, match="timeout must be a positive number of seconds or None"):
         mpinb.allreduce([np.ones(2)], comm=comm, timeout=bad)
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_a_late_call_never_pairs_with_the_next_one(dup) -> None:
+    # The case: the late rank sleeps past the deadline, then calls `a`; the others timed out
+    # on `a` and went on to `b` with the same layout. `a` must not be fed `b`'s values, nor `b` `a`'s.
+    mpinb.world(dup)
+    if RANK == LATE:
+        time.sleep(DEADLINE + 0.5)
+    t0 = time.monotonic()
+    try:
+        a: object = float(mpinb.allreduce([np.full(1, RANK + 1.0)], comm=dup, timeout=DEADLINE)[0][0])
+    except (CollectiveTimeout, mpinb.CollectiveAbandoned) as err:
+        a = type(err).__name__
+    late_took = time.monotonic() - t0
+    b = float(mpinb.allreduce([np.full(1, 10.0 * (RANK + 1))], comm=dup, timeout=30)[0][0])
+    assert_everywhere(a in ("CollectiveTimeout", "CollectiveAbandoned"), f"a = {a}")
+    assert_everywhere(b == 10.0 * SIZE * (SIZE + 1) / 2, f"b = {b}")
+    # The late rank learnt at once that `a` was abandoned: no second deadline.
+    assert_everywhere(RANK != LATE or late_took < 0.5, f"the late call took {late_took:.2f} s")

@@ -1,0 +1,142 @@
+"""The pieces of cell-aware collectives that need no MPI: cell records on the board, where a rank is
+in its code, the one-line error description, short tracebacks, and the client's cell stamps."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from mpinb._collective import board as _board
+from mpinb._collective.cells import CELL_KEY, TARGETS_KEY, describe_error
+from mpinb._hidden_frames import without_mpinb_frames
+from mpinb.client._ipp import stamp_cells
+
+
+def test_describe_error_is_one_line_without_terminal_colours() -> None:
+    assert describe_error(None) == "ended normally"
+    assert describe_error(ZeroDivisionError("division by zero")) == "raised ZeroDivisionError: division by zero"
+    keras_like = ValueError("Exception encountered.\n\n\x1b[1mInput 0 is incompatible\x1b[0m\n")
+    assert describe_error(keras_like) == "raised ValueError: Exception encountered. Input 0 is incompatible"
+    long = describe_error(RuntimeError("x" * 1000), limit=50)
+    assert long.startswith("raised RuntimeError: ") and long.endswith("…") and len(long) == len("raised RuntimeError: ") + 50
+    assert describe_error(KeyboardInterrupt()) == "raised KeyboardInterrupt"
+
+
+def test_a_cell_record_written_on_one_board_is_read_on_another() -> None:
+    mine, peer = _board.Board(), _board.Board()
+    try:
+        peer.open_peers({0: mine.path}, leader=1)
+        assert peer.read_cell(0).cell == 0 and not peer.read_cell(0).running
+        mine.cell_begin(41)
+        seen = peer.read_cell(0)
+        assert (seen.cell, seen.running, seen.ended_cell) == (41, True, 0)
+        mine.cell_end(41, 2, 7, "raised ZeroDivisionError: division by zero")
+        mine.cell_begin(42)
+        seen = peer.read_cell(0)
+        assert (seen.cell, seen.running, seen.ended_cell, seen.ended_gen, seen.ended_index) == (42, True, 41, 2, 7)
+        assert seen.text == "raised ZeroDivisionError: division by zero"
+        assert 0 < time.time_ns() - seen.ended_ns < 5e9
+        mine.cell_end(42, 2, 7, "é" * 400)  # longer than the row holds: cut, still readable
+        assert peer.read_cell(0).text.startswith("é" * 100)
+    finally:
+        mine.unlink()
+        peer.unlink()
+
+
+def test_ask_where_names_the_function_another_process_is_in(tmp_path) -> None:
+    child = tmp_path / "child.py"
+    child.write_text(textwrap.dedent("""
+        import time
+        from mpinb._collective import board
+        b = board.Board()
+        print(b.path, flush=True)
+        def crunch_numbers():
+            time.sleep(30)
+        crunch_numbers()
+    """))
+    proc = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, text=True)
+    me = _board.Board()
+    try:
+        path = proc.stdout.readline().strip()
+        me.open_peers({1: path}, leader=0)
+        time.sleep(0.2)  # into the sleep
+        found = me.ask_where([1])
+        assert found == {1: "crunch_numbers (child.py:7)"}, found
+        assert proc.poll() is None, "the signal must not end the process"
+    finally:
+        proc.kill()
+        proc.wait()
+        me.unlink()
+        for name in os.listdir(os.path.dirname(path)):
+            if name.startswith(f"mpinb-where-{proc.pid}-") or path.endswith(name):
+                os.unlink(os.path.join(os.path.dirname(path), name))
+
+
+def test_ask_where_never_signals_a_process_that_is_gone() -> None:
+    me, gone = _board.Board(), _board.Board()
+    try:
+        me.open_peers({1: gone.path}, leader=0)
+        words = me.peers[1]
+        words_view = memoryview(gone._own_map).cast("q")
+        words_view[6] = 2**22 + 12345  # a PID no process has: the start time cannot match
+        assert me.ask_where([1], timeout=0.05) == {}
+        assert int(words[6]) == 2**22 + 12345
+    finally:
+        me.unlink()
+        gone.unlink()
+
+
+def _raise_inside_mpinb() -> None:
+    from mpinb import deadline
+
+    deadline.resolve(-1)  # raises ValueError inside mpinb.deadline
+
+
+def test_short_tracebacks_keep_the_users_frames_only() -> None:
+    with pytest.raises(ValueError) as info:
+        _raise_inside_mpinb()
+    full = info.value.__traceback__
+    names = []
+    tb = without_mpinb_frames(full)
+    while tb is not None:
+        names.append((tb.tb_frame.f_globals["__name__"], tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    assert names and all(not module.startswith("mpinb.") for module, _ in names), names
+    assert ("test_cells", "_raise_inside_mpinb") in [(m.rsplit(".", 1)[-1], f) for m, f in names]
+    assert full.tb_frame is not None  # the original is untouched
+
+
+class _FakeClient:
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+
+    def _build_targets(self, targets):
+        ids = list(targets)
+        return [f"ident-{i}".encode() for i in ids], ids
+
+    def send_execute_request(self, socket, code, silent=True, metadata=None, ident=None):
+        self.sent.append(dict(metadata or {}))
+
+    def execute(self, targets):  # what DirectView.execute does: one metadata dict for every engine
+        idents, _ = self._build_targets(targets)
+        metadata = {"label": None}
+        for ident in idents:
+            self.send_execute_request(None, "x = 1", metadata=metadata, ident=ident)
+
+
+def test_one_execute_call_stamps_one_cell_id_and_its_targets() -> None:
+    client = _FakeClient()
+    stamp_cells(client)
+    stamp_cells(client)  # idempotent
+    client.execute([3, 1, 2])
+    client.execute([0])
+    first, second = client.sent[:3], client.sent[3:]
+    assert len({m[CELL_KEY] for m in first}) == 1 and all(m[TARGETS_KEY] == [3, 1, 2] for m in first)
+    assert second[0][TARGETS_KEY] == [0] and second[0][CELL_KEY] > first[0][CELL_KEY]
+    client.send_execute_request(None, "y = 2")  # no shared dict: left for the engines to count
+    assert CELL_KEY not in client.sent[-1]
