@@ -14,7 +14,13 @@ import threading
 import time
 from types import FrameType, TracebackType
 
-__all__ = ["StopFlag"]
+__all__ = ["INTERRUPT_GRACE", "StopFlag"]
+
+#: Seconds a SIGINT may stay pending in a StopFlag while its rank waits in one mpinb collective
+#: before the wait ends as a plain Ctrl-C would. Long enough that ranks which are merely slow (4
+#: ranks sharing 2 cores, a step's tracing) still reach the vote and stop at the same step; short
+#: enough that a rank stuck elsewhere never keeps the others waiting for long.
+INTERRUPT_GRACE = 5.0
 
 # When SIGINT arrived inside a StopFlag and no collective vote has taken it in yet (monotonic
 # seconds), for the collective layer's waits: see pending_since().

@@ -224,6 +224,13 @@ class Board:
         words = self.peers.get(rank)
         return None if words is None else CellRecord.from_words(words[:_ROW].copy())
 
+    def alive(self, rank: int) -> bool:
+        """Whether the process that wrote ``rank``'s row still runs (``True`` where it cannot tell)."""
+        words = self.peers.get(rank)
+        if words is None or not int(words[_STARTED]):
+            return True
+        return _started(int(words[_PID])) == int(words[_STARTED])
+
     def read(self, rank: int) -> Row | None:
         words = self.peers.get(rank)
         return None if words is None else Row(words[:_ROW].copy())

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from mpinb import interrupt as _interrupt
 from mpinb._collective import board as _board
 from mpinb._collective import cells, texts
 from mpinb._collective.ops import Op, Retry, digest_of
@@ -216,8 +217,11 @@ class Channel:
                 return gen
             stale = self._leave(gen, name, digest, cell)
             self.active += 1
-            if stale is not None:
-                raise stale  # before waiting for the next generation: the others may be idle
+            if stale is not None:  # raised before waiting for the next generation: the others may be idle
+                if _interrupt.pending_since() is not None:
+                    _interrupt.consume()  # this rank was interrupted too: it stops as interrupted
+                    raise KeyboardInterrupt(str(stale))
+                raise stale
 
     def _leave(self, gen: Gen, name: str, digest: int, cell: int) -> BaseException | None:
         note = gen.revoked
@@ -383,6 +387,8 @@ class Channel:
         for r in range(self.size):
             if r == self.rank:
                 continue
+            if self.board is not None and self.hosts[r] == self.host and not self.board.alive(r):
+                return r, "died (its process is gone)"
             record = self.cell_record(r)
             if record is None:
                 continue

@@ -28,7 +28,6 @@ _DATA_SPIN = 2e-2  # with every rank present, test without yielding for this lon
 _CHECK = 5e-5  # seconds between looks at notices and the deadline while ranks arrive
 _CHECK_DATA = 1e-3  # the same while data move
 _WATCH = 0.05  # seconds between looks at whether a missing rank has left the cell (a board read)
-_INTERRUPT_GRACE = 1.0  # a Ctrl-C flag pending through this much of one wait ends it (see below)
 
 
 class DeadlinePassed(Exception):
@@ -67,7 +66,7 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
 
     Ctrl-C inside a collective loop only sets a :class:`~mpinb.interrupt.StopFlag`, so that every
     rank stops at the same iteration; but a rank stuck here waiting would never reach the vote, so
-    a flag still pending after ``_INTERRUPT_GRACE`` seconds of this wait ends it as a plain Ctrl-C
+    a flag still pending after ``_interrupt.INTERRUPT_GRACE`` seconds of this wait ends it as a plain Ctrl-C
     does (counted from the later of the signal and the wait's start, so a rank that computed
     through the signal still votes). That includes a wait on a thread of TensorFlow's, which SIGINT never reaches.
     """
@@ -110,7 +109,7 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
                     if op.notice_at is not None and now >= op.notice_at:
                         op.tell_waiting()
                 since = _interrupt.pending_since()
-                if since is not None and now - max(since, began) >= _INTERRUPT_GRACE:
+                if since is not None and now - max(since, began) >= _interrupt.INTERRUPT_GRACE:
                     _interrupt.consume()
                     raise KeyboardInterrupt("interrupted (Ctrl-C) while waiting in an mpinb collective")
         if now >= spin_until or chan.crowded:

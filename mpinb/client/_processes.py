@@ -6,7 +6,7 @@ import os
 import signal
 from collections.abc import Iterable, Sequence
 
-__all__ = ["descendants", "end", "kill"]
+__all__ = ["descendants", "end", "kill", "remove_files", "shared_memory_of"]
 
 
 def descendants(pid: int) -> list[int]:
@@ -58,3 +58,28 @@ def _processes(pids: Iterable[int]) -> list:
         except psutil.Error:
             pass
     return procs
+
+
+def shared_memory_of(pids: Iterable[int]) -> set[str]:
+    """The files under ``/dev/shm`` that processes ``pids`` map (MPI's shared-memory segments):
+    what a killed MPI world leaves behind, and only that world's."""
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    path = line.rstrip("\n").split(maxsplit=5)[-1]
+                    if path.startswith("/dev/shm/") and not path.startswith("/dev/shm/mpinb-"):
+                        found.add(path.removesuffix(" (deleted)"))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def remove_files(paths: Iterable[str]) -> None:
+    """Unlink each of ``paths`` that still exists."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

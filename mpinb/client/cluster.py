@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from mpinb.client._ipp import px_magics, stamp_cells
-from mpinb.client._processes import descendants, end, kill
+from mpinb.client._processes import descendants, end, kill, remove_files, shared_memory_of
 from mpinb.client._tracebacks import install as install_grouped_tracebacks
 from mpinb.client._tracebacks import rank_ranges, remember_ranks
 from mpinb.client._watchdog import Watchdog
@@ -129,6 +129,7 @@ class MPICluster:
         self._engine_hosts: list[str] = []
         self._owns_cluster = True
         self._on_start: list[str] = []
+        self._shared_memory: set[str] = set()  # MPI's segments in /dev/shm, removed by stop()
         self._watchdog: Watchdog | None = None  # only for a cluster this object started
         if start:
             self.start()
@@ -173,6 +174,7 @@ class MPICluster:
             self._identify(self._wait_for_new_engines(set()))
             self._watchdog.watch(self._local_engine_pids)
             self._protect_files()
+            self._shared_memory = shared_memory_of(self._local_engine_pids)
         except BaseException:
             self.stop()
             raise
@@ -223,6 +225,10 @@ class MPICluster:
             except Exception:  # noqa: BLE001 - already dead processes
                 pass
             end(pids, grace=5.0)
+            # MPI's shared-memory segments outlive engines that did not finalize (SIGKILLed above, or
+            # dead before): remove this world's, found in the engines' memory maps at start.
+            remove_files(self._shared_memory)
+            self._shared_memory = set()
         if self._watchdog is not None:
             self._watchdog.release()
             self._watchdog = None
@@ -300,16 +306,24 @@ class MPICluster:
         """
         if self.cluster is None:
             return None
-        text = ""
-        for launcher in list(self.cluster.engines.values()):
-            try:
-                text += launcher.get_output() or ""
-            except Exception:  # noqa: BLE001 - no output file
-                continue
+        give_up = time.monotonic() + 1.0  # mpiexec's report (with the signal) may follow the nannies
+        while True:
+            text = ""
+            for launcher in list(self.cluster.engines.values()):
+                try:
+                    text += launcher.get_output() or ""
+                except Exception:  # noqa: BLE001 - no output file
+                    continue
+            if not _NANNY.search(text) or _EXIT.search(text) or time.monotonic() > give_up:
+                break
+            time.sleep(0.05)
         found = []
-        for rank, pid, how in _parse_deaths(text):
-            engine = self._ids_by_rank[rank] if rank < len(self._ids_by_rank) else "?"
-            found.append(f"rank {rank} (engine {engine}, pid {pid}) died ({how})")
+        for engine, pid, how in _parse_deaths(text):
+            rank = self._ids_by_rank.index(engine) if engine in self._ids_by_rank else None
+            if rank is None and pid in self._engine_pids:
+                rank = self._engine_pids.index(pid)
+            found.append(f"rank {rank if rank is not None else '?'} (engine {engine}, pid {pid}) died"
+                         + (f" ({how})" if how != "its process ended" else ""))
         if not found:
             return None
         return "; ".join(found) + "; MPI ended the other ranks with it: cluster.restart() starts a fresh set of engines."
@@ -333,9 +347,9 @@ class MPICluster:
         Interrupting the notebook kernel stops only the client's wait; the engines keep running.
         mpinb's long loops (``KMeans.fit``, ``mpinb.keras.fit``) turn SIGINT into a collective stop,
         so every rank leaves at the same iteration and raises ``KeyboardInterrupt``; a rank waiting
-        in any mpinb collective stops waiting and raises ``KeyboardInterrupt`` -- at the latest a
-        second after the signal, also inside such a loop and on a TensorFlow thread (the next
-        collective works again); plain Python code is interrupted as usual. A rank blocked inside
+        in any mpinb collective stops waiting and raises ``KeyboardInterrupt`` -- inside such a loop
+        and on a TensorFlow thread too, at the latest ``mpinb.interrupt.INTERRUPT_GRACE`` (5 s) after
+        the signal (the next collective works again); plain Python code is interrupted as usual. A rank blocked inside
         its own raw MPI call does not react: use :meth:`restart` then.
         """
         import signal as _signal
@@ -508,31 +522,30 @@ class MPICluster:
             kill(pid)
 
 
-# MPICH's report of a rank that ended without MPI_Finalize (Hydra prints it when the job ends).
-_BAD_TERMINATION = re.compile(
-    r"RANK (?P<rank>\d+) PID (?P<pid>\d+) RUNNING AT \S+\s*\n=\s*"
-    r"(?:KILLED BY SIGNAL: (?P<signal>\d+)|EXIT STATUS: (?P<status>\d+))"
-)
+# Each engine's nanny logs the moment its engine process ends (the first to log is the rank that
+# died: MPI ends the others after it), and Hydra reports how the job's processes ended.
+_NANNY = re.compile(r"\[KernelNanny\.(?P<engine>\d+)\] Pipe closed, parent (?P<pid>\d+) has status")
+_EXIT = re.compile(r"EXIT STRING: .*\(signal (?P<signal>\d+)\)|EXIT CODE: (?P<code>\d+)")
 
 
 def _parse_deaths(text: str) -> list[tuple[int, int, str]]:
-    """``(rank, pid, how)`` for each rank MPI's launcher reported dead, in the order reported."""
+    """``(engine id, pid, how)`` of the engine that died first, from the engine launcher's output."""
     import signal as _signal
 
-    out = []
-    for m in _BAD_TERMINATION.finditer(text):
+    first = _NANNY.search(text)
+    if first is None:
+        return []
+    how = "its process ended"
+    for m in _EXIT.finditer(text):
         if m["signal"] is not None:
             number = int(m["signal"])
             try:
                 how = _signal.Signals(number).name
             except ValueError:
                 how = f"signal {number}"
-        else:
-            how = f"exit status {m['status']}"
-        entry = (int(m["rank"]), int(m["pid"]), how)
-        if entry not in out:
-            out.append(entry)
-    return out
+            break
+        how = f"exit code {m['code']}"
+    return [(int(first["engine"]), int(first["pid"]), how)]
 
 
 def _ranks(ranks: list[int]) -> str:
