@@ -269,6 +269,20 @@ def test_a_cell_sent_to_some_engines_only_is_refused_at_once(engines: Engines) -
     engines.recovered(marker)
 
 
+def test_tracebacks_show_the_users_frames_without_mpinbs(engines: Engines) -> None:
+    marker = _mark(engines, "traceback", 0)
+    ar = engines.cluster.view.execute("if rank == 1:\n    1 / 0\ntotal = mpinb.allreduce([1])", block=False)
+    engines.wait(ar)
+    with pytest.raises(CompositeError) as info:
+        ar.get(timeout=0)
+    shown = {name: tb for name, _, tb, _ in info.value.elist}
+    assert set(shown) == {"ZeroDivisionError", "CollectiveAbandoned"}, set(shown)
+    frames = [line for line in shown["CollectiveAbandoned"].splitlines() if "line " in line]
+    assert frames and not any("mpinb" in line and "_collective" in line for line in shown["CollectiveAbandoned"].splitlines())
+    assert len(shown["CollectiveAbandoned"].splitlines()) < 20, shown["CollectiveAbandoned"]
+    engines.recovered(marker)
+
+
 def test_outside_ipython_cells_change_nothing(engines: Engines) -> None:
     # Collectives run through apply (not a cell) pair as before, with the same values.
     def _total() -> float:

@@ -100,6 +100,25 @@ def test_cluster_gathers_from_every_host_in_rank_order(sim, tmp_path):
         assert cluster.pull("threads") == [cores, max(1, cores // 2), max(1, cores // 2)]
         np.testing.assert_array_equal(cluster.gather("rows"), [0, 1, 1, 2, 2, 2])
         assert cluster.pull("total") == [6.0, 6.0, 6.0]
+        # Rank 1 (host1) raises before an allreduce that rank 2 (host1: the board tells it) and rank 0
+        # (host3: a notice across the bridge tells it) wait in, with no deadline: both stop at once.
+        ar = cluster.view.execute(
+            "import time\ncaught = None\nbegan = time.monotonic()\n"
+            "try:\n"
+            "    if w.rank == 1:\n        1 / 0\n"
+            "    mpinb.allreduce([1])\n"
+            "except mpinb.CollectiveAbandoned as err:\n    caught = (str(err), time.monotonic() - began)\n",
+            block=False,
+        )
+        ar.wait(timeout=30)
+        assert ar.ready(), "the ranks waiting for rank 1 did not stop"
+        caught = cluster.pull("caught")
+        for rank in (0, 2):
+            message, waited = caught[rank]
+            assert "rank 1 ended its cell (raised ZeroDivisionError: division by zero)" in message, message
+            assert waited < 1.0, f"rank {rank} waited {waited:.2f} s"
+        cluster.view.execute("total = mpinb.allreduce([np.float64(w.rank + 1)])[0]")
+        assert cluster.pull("total") == [6.0, 6.0, 6.0]
         pids = cluster.pull("pid")
         # Each engine really runs inside its host's network namespace.
         assert [_netns_of(pid) for pid in pids] == [sim.hosts_by_name[h].netns for h in ("host3", "host1", "host1")]
