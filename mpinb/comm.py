@@ -250,7 +250,7 @@ def bcast(obj: Any, *, root: int = 0, comm: Any = None, timeout: Any = DEFAULT) 
     """
     chan = _collective.channel(comm)
     _check_root(root, chan.size)
-    with chan.begin("bcast", ("root", root), timeout=timeout) as call:
+    with _collective.collective(comm, "bcast", ("root", root), timeout=timeout) as call:
         return _bcast(obj, root, call)
 
 
@@ -301,7 +301,8 @@ def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None, timeout: 
     if arr.ndim == 0:
         raise ValueError(f"gather_rows needs rows along axis 0; got a 0-d value {arr!r}.")
     layout = f"rows of shape {arr.shape[1:]} and dtype {arr.dtype}" + ("" if root is None else f", to rank {root}")
-    with chan.begin("gather_rows", layout, timeout=timeout, what="gather_rows's row shape, dtype and root") as call:
+    what = "gather_rows's row shape, dtype and root"
+    with _collective.collective(comm, "gather_rows", layout, timeout=timeout, what=what) as call:
         return _gather_rows(arr, root, call)
 
 
@@ -347,7 +348,7 @@ def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, timeout: Any =
             result = fn(*args, **kwargs)
         except Exception as err:  # noqa: BLE001 - re-raised on every rank below (one rank included)
             error = err
-    with chan.begin("on_root", timeout=timeout, votes=(int(error is not None), 0)) as call:
+    with _collective.collective(comm, "on_root", timeout=timeout, votes=(int(error is not None), 0)) as call:
         if not call.votes[0]:
             return _bcast(result, 0, call)
         module, qualname, message = call.bcast(None if error is None else _record(error), 0)
@@ -375,7 +376,7 @@ def rprint(
         if rank == 0:
             print(_prefix(text, 0, size), file=stream, flush=True)
         return
-    with chan.begin("rprint", timeout=timeout) as call:
+    with _collective.collective(comm, "rprint", timeout=timeout) as call:
         texts = call.gather(text, 0)
     if rank == 0:
         print("\n".join(_prefix(t, r, size) for r, t in enumerate(texts)), file=stream, flush=True)

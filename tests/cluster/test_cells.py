@@ -283,6 +283,25 @@ def test_tracebacks_show_the_users_frames_without_mpinbs(engines: Engines) -> No
     engines.recovered(marker)
 
 
+def test_a_long_wait_says_whom_it_waits_for_and_where_they_are(engines: Engines) -> None:
+    marker = _mark(engines, "notice", 0)
+    code = (
+        "import os\nos.environ['MPINB_WAIT_NOTICE'] = '0.5'\n"
+        "def crunch():\n    time.sleep(1.5)\n"
+        "try:\n"
+        "    if rank == 1:\n        crunch()\n"
+        "    mpinb.allreduce([1])\n"
+        "finally:\n    del os.environ['MPINB_WAIT_NOTICE']\n"
+    )
+    ar = engines.cluster.view.execute(code, block=False)
+    assert engines.wait(ar) == set()
+    said = ar.stderr[0]
+    assert re.search(r"mpinb: rank 0 has waited \d+ s in allreduce #\d+ for rank 1 \(.*it is computing outside "
+                     r"mpinb, at crunch \(", said), said
+    assert said.count("has waited") == 1, said  # once, then not again for 30 s
+    engines.recovered(marker)
+
+
 def test_outside_ipython_cells_change_nothing(engines: Engines) -> None:
     # Collectives run through apply (not a cell) pair as before, with the same values.
     def _total() -> float:
