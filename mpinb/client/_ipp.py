@@ -23,6 +23,7 @@ from mpinb._collective.cells import CELL_KEY, TARGETS_KEY
 __all__ = ["px_magics", "stamp_cells"]
 
 _STOP_WAIT = 10.0  # seconds a stopped %%px cell waits for every rank's outcome
+_RELAY_EVERY = 0.25  # seconds between looks at a running cell's notices
 
 def stamp_cells(client: Any) -> None:
     """Stamp every execute request of one ``execute`` call through ``client`` with one cell id
@@ -63,12 +64,18 @@ def px_magics(shell: Any, view: Any, deaths: Callable[[], str | None] | None = N
         def parallel_execute(self, cell: str, block: Any = None, **kwargs: Any) -> Any:
             _require_engines(self.view)
             self.last_result = None
+            blocking = self.view.block if block is None else block
+            streaming = kwargs.get("stream_output")
+            relay = _NoticeRelay(self) if blocking and not (self.stream_output if streaming is None else streaming) else None
             try:
                 out = super().parallel_execute(cell, block=block, **kwargs)
             except CompositeError as err:
                 if deaths is not None and any(name == "EngineError" for name, *_ in err.elist):
                     err.mpinb_deaths = deaths()
                 raise
+            finally:
+                if relay is not None:
+                    relay.stop()
             result = self.last_result
             if (self.view.block if block is None else block) and result is not None:
                 # A blocking cell that returned without raising either succeeded or was stopped
@@ -98,3 +105,43 @@ def _require_engines(view: Any) -> None:
             f"the engines of {'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)} are gone (an engine "
             "died, and MPI ended its world): the cluster needs cluster.restart() before the next %%px cell."
         )
+
+
+class _NoticeRelay:
+    """While a blocking ``%%px`` cell runs without streaming (its output shows when every rank is
+    done), print the engines' ``mpinb:`` notices -- whom a rank waits for, and where they are -- as
+    they arrive, so that a waiting cell is never silent. A thread in the cell's context, so that the
+    lines land in that cell."""
+
+    def __init__(self, magics: Any) -> None:
+        import contextvars
+        import threading
+
+        self._magics, self._seen, self._done = magics, {}, threading.Event()
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run,), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import sys
+
+        from mpinb.client._tracebacks import rank_of_engine
+
+        while not self._done.wait(_RELAY_EVERY):
+            result = self._magics.last_result
+            if result is None:
+                continue
+            try:
+                stderr = result.stderr  # in the order of the cell's targets, updated as output arrives
+                texts = list(zip(result._targets, stderr if isinstance(stderr, list) else [stderr]))
+            except Exception:  # noqa: BLE001 - no metadata yet
+                continue
+            for engine, text in texts:
+                lines = (text or "").splitlines()
+                for line in lines[self._seen.get(engine, 0):]:
+                    if line.startswith("mpinb: "):
+                        print(f"[stderr:{rank_of_engine(engine)}] {line}", file=sys.stderr, flush=True)
+                self._seen[engine] = len(lines)

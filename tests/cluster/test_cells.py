@@ -302,6 +302,45 @@ def test_a_long_wait_says_whom_it_waits_for_and_where_they_are(engines: Engines)
     engines.recovered(marker)
 
 
+def test_a_waiting_px_cell_is_never_silent(engines: Engines) -> None:
+    """A blocking, non-streaming %%px cell in a real IPython shell prints the engines' waiting
+    notices while it runs, not only when it ends."""
+    import io
+    import sys
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from mpinb.client._ipp import px_magics
+
+    class Stamped(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[tuple[float, str]] = []
+
+        def write(self, text: str) -> int:
+            self.lines += [(time.monotonic(), line) for line in text.splitlines() if line]
+            return super().write(text)
+
+    marker = _mark(engines, "live", 0)
+    shell = InteractiveShell.instance()
+    magics = px_magics(shell, engines.cluster.view)
+    magics.stream_output = False
+    shell.magics_manager.register(magics)
+    cell = ("%%px\nimport os\nos.environ['MPINB_WAIT_NOTICE'] = '0.5'\n"
+            "if rank == 1:\n    time.sleep(2.5)\nmpinb.allreduce([1])\ndel os.environ['MPINB_WAIT_NOTICE']\n")
+    stamped, saved = Stamped(), sys.stderr
+    sys.stderr = stamped
+    try:
+        result = shell.run_cell(cell)
+        ended = time.monotonic()
+    finally:
+        sys.stderr = saved
+    assert result.error_in_exec is None, result.error_in_exec
+    live = [(t, line) for t, line in stamped.lines if line.startswith("[stderr:0] mpinb: rank 0 has waited")]
+    assert live and live[0][0] < ended - 1.0, stamped.lines  # seen a second or more before the cell ended
+    engines.recovered(marker)
+
+
 def test_outside_ipython_cells_change_nothing(engines: Engines) -> None:
     # Collectives run through apply (not a cell) pair as before, with the same values.
     def _total() -> float:
