@@ -14,13 +14,14 @@ cell does, grouped by rank.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
 from mpinb._collective.cells import CELL_KEY, TARGETS_KEY
 
-__all__ = ["px_magics", "stamp_cells"]
+__all__ = ["engine_deaths", "px_magics", "stamp_cells"]
 
 _STOP_WAIT = 10.0  # seconds a stopped %%px cell waits for every rank's outcome
 _RELAY_EVERY = 0.25  # seconds between looks at a running cell's notices
@@ -145,3 +146,29 @@ class _NoticeRelay:
                     if line.startswith("mpinb: "):
                         print(f"[stderr:{rank_of_engine(engine)}] {line}", file=sys.stderr, flush=True)
                 self._seen[engine] = len(lines)
+
+
+# Each engine's nanny logs the moment its engine process ends (the first to log is the rank that
+# died: MPI ends the others after it), and Hydra reports how the job's processes ended.
+NANNY_SAW_EXIT = re.compile(r"\[KernelNanny\.(?P<engine>\d+)\] Pipe closed, parent (?P<pid>\d+) has status")
+ENGINE_EXIT = re.compile(r"EXIT STRING: .*\(signal (?P<signal>\d+)\)|EXIT CODE: (?P<code>\d+)")
+
+
+def engine_deaths(text: str) -> list[tuple[int, int, str]]:
+    """``(engine id, pid, how)`` of the engine that died first, from the engine launcher's output."""
+    import signal as _signal
+
+    first = NANNY_SAW_EXIT.search(text)
+    if first is None:
+        return []
+    how = "its process ended"
+    for m in ENGINE_EXIT.finditer(text):
+        if m["signal"] is not None:
+            number = int(m["signal"])
+            try:
+                how = _signal.Signals(number).name
+            except ValueError:
+                how = f"signal {number}"
+            break
+        how = f"exit code {m['code']}"
+    return [(int(first["engine"]), int(first["pid"]), how)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mpinb.client._ipp import px_magics, stamp_cells
+from mpinb.client._ipp import ENGINE_EXIT, NANNY_SAW_EXIT, engine_deaths, px_magics, stamp_cells
 from mpinb.client._processes import descendants, end, kill, remove_files, shared_memory_of
 from mpinb.client._tracebacks import install as install_grouped_tracebacks
 from mpinb.client._tracebacks import rank_ranges, remember_ranks
@@ -314,11 +313,11 @@ class MPICluster:
                     text += launcher.get_output() or ""
                 except Exception:  # noqa: BLE001 - no output file
                     continue
-            if not _NANNY.search(text) or _EXIT.search(text) or time.monotonic() > give_up:
+            if not NANNY_SAW_EXIT.search(text) or ENGINE_EXIT.search(text) or time.monotonic() > give_up:
                 break
             time.sleep(0.05)
         found = []
-        for engine, pid, how in _parse_deaths(text):
+        for engine, pid, how in engine_deaths(text):
             rank = self._ids_by_rank.index(engine) if engine in self._ids_by_rank else None
             if rank is None and pid in self._engine_pids:
                 rank = self._engine_pids.index(pid)
@@ -520,32 +519,6 @@ class MPICluster:
                     kill(child)
         for pid in self._local_engine_pids:
             kill(pid)
-
-
-# Each engine's nanny logs the moment its engine process ends (the first to log is the rank that
-# died: MPI ends the others after it), and Hydra reports how the job's processes ended.
-_NANNY = re.compile(r"\[KernelNanny\.(?P<engine>\d+)\] Pipe closed, parent (?P<pid>\d+) has status")
-_EXIT = re.compile(r"EXIT STRING: .*\(signal (?P<signal>\d+)\)|EXIT CODE: (?P<code>\d+)")
-
-
-def _parse_deaths(text: str) -> list[tuple[int, int, str]]:
-    """``(engine id, pid, how)`` of the engine that died first, from the engine launcher's output."""
-    import signal as _signal
-
-    first = _NANNY.search(text)
-    if first is None:
-        return []
-    how = "its process ended"
-    for m in _EXIT.finditer(text):
-        if m["signal"] is not None:
-            number = int(m["signal"])
-            try:
-                how = _signal.Signals(number).name
-            except ValueError:
-                how = f"signal {number}"
-            break
-        how = f"exit code {m['code']}"
-    return [(int(first["engine"]), int(first["pid"]), how)]
 
 
 def _ranks(ranks: list[int]) -> str:

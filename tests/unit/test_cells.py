@@ -140,3 +140,15 @@ def test_one_execute_call_stamps_one_cell_id_and_its_targets() -> None:
     assert second[0][TARGETS_KEY] == [0] and second[0][CELL_KEY] > first[0][CELL_KEY]
     client.send_execute_request(None, "y = 2")  # no shared dict: left for the engines to count
     assert CELL_KEY not in client.sent[-1]
+
+
+def test_the_first_engine_to_end_is_the_one_named_with_mpis_signal() -> None:
+    from mpinb.client._ipp import engine_deaths
+
+    log = ("[KernelNanny.3] Pipe closed, parent 4712 has status: zombie\n"
+           "[KernelNanny.0] Pipe closed, parent 4711 has status: zombie\n"
+           "=   PID 4711 RUNNING AT vm\n=   EXIT CODE: 9\n"
+           "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\n")
+    assert engine_deaths(log) == [(3, 4712, "SIGKILL")]
+    assert engine_deaths(log.split("=")[0]) == [(3, 4712, "its process ended")]
+    assert engine_deaths("nothing died") == []
