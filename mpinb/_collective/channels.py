@@ -26,13 +26,12 @@ import time
 import warnings
 from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 
 from mpinb import interrupt as _interrupt
 from mpinb._collective import board as _board
 from mpinb._collective import cells, texts
-from mpinb._collective.ops import Op, Retry, digest_of
+from mpinb._collective.ops import Op, Retry, abandoned_header, digest_of
 from mpinb._collective.wait import SPIN, DeadlinePassed, PeerLeft, poll
 from mpinb.deadline import DEFAULT, resolve
 from mpinb.errors import CollectiveAbandoned
@@ -231,7 +230,7 @@ class Channel:
         if gen.index == note["index"] - 1:
             # This rank never reached the abandoned collective, so the others' arrivals are still
             # pending: complete them with a matching arrival, so MPI holds no request for ever.
-            header = np.zeros(8, np.int64)
+            header = abandoned_header()
             gen.pending.append(([gen.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.MIN)], header))
             # Its next collective is the abandoned one, come late -- unless the cell it belonged to
             # has ended here (this rank left it early, with an error or by returning) and this is a
@@ -298,6 +297,16 @@ class Channel:
                            "time": time.time(), "missing": None, "timeout": op.timeout, "cell": op.cell,
                            "digest": op.digest}
             self._post_next()
+
+    def await_revocation(self, gen: Gen, seconds: float = 5.0) -> dict[str, Any] | None:
+        """The notice that revoked ``gen``, waiting up to ``seconds`` for it (it was sent before any
+        rank could complete an arrival as abandoned)."""
+        give_up = time.monotonic() + seconds
+        while gen.revoked is None and time.monotonic() < give_up:
+            self.notices()
+            if gen.revoked is None:
+                time.sleep(1e-4)
+        return gen.revoked
 
     def notices(self) -> None:
         """Take in every notice that has arrived; a revocation notice ends its generation here too."""

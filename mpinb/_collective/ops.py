@@ -31,7 +31,7 @@ from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, Collectiv
 if TYPE_CHECKING:
     from mpinb._collective.channels import Channel, Gen
 
-__all__ = ["Op", "Retry", "digest_of"]
+__all__ = ["ABANDONED", "Op", "Retry", "abandoned_header", "digest_of"]
 
 _OPS = ("sum", "min", "max")
 _NOTICE_ENV = "MPINB_WAIT_NOTICE"  # seconds of waiting before a rank says whom it waits for
@@ -200,6 +200,8 @@ class Op:
         self.waited = time.perf_counter() - t0
         if self.chan.board is not None:
             self.chan.board.phase(_board.MOVING)
+        if -header[6] >= ABANDONED:
+            self._completed_by_an_abandoner()
         self.votes = (int(-header[6]), int(-header[7]))
         if header[2] != -header[3]:
             # Ranks of two cells met: every rank saw the same header, so every rank retires this
@@ -220,6 +222,22 @@ class Op:
         if header[0] != -header[1]:
             texts_ = self.allgather((self.name, layout if isinstance(layout, str) else repr(layout)))
             self.fail(CollectiveMismatchError(texts.mismatch_message(texts_, what)))
+
+    def _completed_by_an_abandoner(self) -> None:
+        """A rank that knew this generation was abandoned completed the arrival (see
+        :func:`abandoned_header`): run again on the next generation if this operation belongs to a
+        later cell than the abandoned one, else raise as the others did -- never move data here."""
+        self.settled = True
+        note = self.chan.await_revocation(self.gen)
+        self.chan.retire(self, f"{self.name} #{self.index} was abandoned by another rank")
+        if note is None or note["rank"] == self.chan.rank:
+            raise CollectiveAbandoned(
+                f"{self.name} #{self.index} stopped on rank {self.chan.rank}: another rank had given up on this "
+                f"collective. {texts.NEXT}", operation=self.name, reason="abandoned", rank=self.chan.rank,
+            )
+        if note.get("cell", 0) < self.cell:
+            raise Retry
+        raise texts.stale_error(self.name, self.index, self.chan.rank, note)
 
     def _wait(self, requests: list[Any], keep: Any, phase: int = _board.MOVING, spin: float | None = None) -> None:
         try:
@@ -253,6 +271,17 @@ class Op:
             self.chan.abandon(self, requests, keep, f"was interrupted ({type(err).__name__})")
             self.settled = True
             raise
+
+
+ABANDONED = 2**62  # the vote of an arrival made only to complete an abandoned one
+
+
+def abandoned_header() -> np.ndarray:
+    """The arrival a rank that knows a generation is abandoned sends to complete the others'
+    pending arrivals: neutral in every field of the MIN but the first vote, which says so."""
+    header = np.full(8, np.iinfo(np.int64).max, dtype=np.int64)
+    header[6] = -ABANDONED
+    return header
 
 
 _digests: dict[Any, int] = {}

@@ -151,7 +151,7 @@ class Engines:
         """Run one cell on every rank, require it to fail exactly on ``fails_on``, return each rank's ``record``."""
         ar = self.cluster.view.execute(code, block=False)
         failed = self.wait(ar)
-        assert failed == fails_on, f"the cell failed on ranks {sorted(failed)}, not {sorted(fails_on)}"
+        assert failed == fails_on, f"the cell failed on ranks {sorted(failed)}, not {sorted(fails_on)}: {self.last_errors}"
         return self.cluster.pull("record")
 
     def wait(self, ar: Any) -> set[int]:
@@ -164,7 +164,9 @@ class Engines:
             ar.get(timeout=0)
         except CompositeError as err:
             rank_of = {eid: r for r, eid in enumerate(self.cluster.ids_by_rank)}
-            return {rank_of[info["engine_id"]] for *_, info in err.elist}
+            self.last_errors = {rank_of[info["engine_id"]]: f"{name}: {value}" for name, value, _, info in err.elist}
+            return set(self.last_errors)
+        self.last_errors = {}
         return set()
 
     def recovered(self, marker: str) -> None:
@@ -234,7 +236,7 @@ def test_a_cell_queued_behind_a_failed_one_gets_the_right_values(engines: Engine
     failed = engines.cluster.view.execute(ERROR_FIRST, block=False)
     queued = engines.cluster.view.execute(QUEUED, block=False)  # submitted before the first one ends
     assert engines.wait(failed) == {1}
-    assert engines.wait(queued) == set(), "the queued cell failed"
+    assert engines.wait(queued) == set(), f"the queued cell failed: {engines.last_errors}"
     right = sum(10.0 + r for r in range(engines.n))
     assert engines.cluster.pull("z") == [right] * engines.n
     engines.recovered(marker)
