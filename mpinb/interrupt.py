@@ -139,6 +139,18 @@ def pending_since() -> float | None:
     return _pending_at
 
 
+def instead_if_pending(error: BaseException) -> BaseException:
+    """``KeyboardInterrupt`` with ``error``'s text when SIGINT is pending here (taken in), else ``error``.
+
+    Local. A rank that was interrupted too (``cluster.interrupt()``, the Stop button) stops as
+    interrupted, whichever rank's wait gave up first.
+    """
+    if pending_since() is None:
+        return error
+    consume()
+    return KeyboardInterrupt(str(error))
+
+
 def consume() -> None:
     """Forget a pending SIGINT: a vote or an ended wait has taken it in. Local."""
     global _pending_at

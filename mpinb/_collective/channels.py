@@ -217,10 +217,7 @@ class Channel:
             stale = self._leave(gen, name, digest, cell)
             self.active += 1
             if stale is not None:  # raised before waiting for the next generation: the others may be idle
-                if _interrupt.pending_since() is not None:
-                    _interrupt.consume()  # this rank was interrupted too: it stops as interrupted
-                    raise KeyboardInterrupt(str(stale))
-                raise stale
+                raise _interrupt.instead_if_pending(stale)
 
     def _leave(self, gen: Gen, name: str, digest: int, cell: int) -> BaseException | None:
         note = gen.revoked

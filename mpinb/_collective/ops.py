@@ -237,7 +237,7 @@ class Op:
             )
         if note.get("cell", 0) < self.cell:
             raise Retry
-        raise texts.stale_error(self.name, self.index, self.chan.rank, note)
+        raise _interrupt.instead_if_pending(texts.stale_error(self.name, self.index, self.chan.rank, note))
 
     def _wait(self, requests: list[Any], keep: Any, phase: int = _board.MOVING, spin: float | None = None) -> None:
         try:
@@ -250,22 +250,12 @@ class Op:
         except PeerGaveUp as gave_up:
             self.chan.abandon(self, requests, keep, None)
             self.settled = True
-            error = texts.abandoned_error(self, gave_up.note)
-            if _interrupt.pending_since() is not None:
-                # This rank was interrupted too (cluster.interrupt(), the Stop button): it stops as
-                # interrupted, whichever rank's grace ran out first.
-                _interrupt.consume()
-                raise KeyboardInterrupt(str(error)) from None
-            raise error from None
+            raise _interrupt.instead_if_pending(texts.abandoned_error(self, gave_up.note)) from None
         except PeerLeft as left:
-            why = texts.left_cell_reason(left.rank, left.what)
+            why = f"rank {left.rank} {left.what}"
             self.chan.abandon(self, requests, keep, why, departed=left.rank)
             self.settled = True
-            raise CollectiveAbandoned(
-                f"{self.name} #{self.index} stopped on rank {self.chan.rank}: {why}, without entering it. "
-                f"{texts.NEXT}",
-                operation=self.name, by=left.rank, reason=why, rank=self.chan.rank,
-            ) from None
+            raise texts.left_error(self, left.rank, why) from None
         except BaseException as err:
             # Ctrl-C (or cluster.interrupt()) while waiting: MPI may still write into the buffers.
             self.chan.abandon(self, requests, keep, f"was interrupted ({type(err).__name__})")

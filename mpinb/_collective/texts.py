@@ -109,8 +109,11 @@ def abandoned_error(op: Op, note: dict[str, Any]) -> CollectiveTimeout | Collect
     )
 
 
-def left_cell_reason(rank: int, what: str) -> str:
-    return f"rank {rank} {what}"
+def left_error(op: Op, left: int, why: str) -> CollectiveAbandoned:
+    return CollectiveAbandoned(
+        f"{op.name} #{op.index} stopped on rank {op.chan.rank}: {why}, without entering it. {NEXT}",
+        operation=op.name, by=left, reason=why, rank=op.chan.rank,
+    )
 
 
 def stale_error(name: str, index: int, rank: int, note: dict[str, Any]) -> CollectiveAbandoned:
