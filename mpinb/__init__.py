@@ -8,14 +8,8 @@ from __future__ import annotations
 
 from mpinb.comm import World, allreduce, bcast, gather_rows, limit_threads, on_root, rprint, world
 from mpinb.deadline import get_collective_timeout, set_collective_timeout
-from mpinb.errors import (
-    CollectiveAbandoned,
-    CollectiveMismatchError,
-    CollectiveTimeout,
-    check_all,
-    check_same,
-    raise_together,
-)
+from mpinb.agreement import check_all, check_same, raise_together
+from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
 from mpinb.shards import shard, shard_bounds
 
 __version__ = "0.1.0"
@@ -66,7 +60,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
-        if name in ("client", "data", "deadline", "errors", "interrupt", "jobs", "keras", "kmeans", "live"):
+        if name in ("agreement", "client", "data", "deadline", "errors", "interrupt", "jobs", "keras", "kmeans", "live"):
             import importlib
 
             return importlib.import_module(f"mpinb.{name}")

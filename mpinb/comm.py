@@ -10,9 +10,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from mpinb import _collective
-from mpinb._layout import Layout
+from mpinb._checks import check_int, is_int
+from mpinb._layout import BufferPool, Layout
+from mpinb.agreement import agree_on_exception, record
 from mpinb.deadline import DEFAULT
-from mpinb.errors import _check_int, _is_int, _record, agree_on_exception
 
 __all__ = [
     "World",
@@ -95,13 +96,16 @@ def world(comm: Any = None, *, timeout: Any = DEFAULT) -> World:
     )
 
 
-def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None, timeout: Any = DEFAULT) -> list[Any]:
+def allreduce(arrays: Sequence[Any], *, op: str = "sum", out: Sequence[np.ndarray] | None = None, comm: Any = None,
+              timeout: Any = DEFAULT) -> list[Any]:
     """Reduce a list of arrays and scalars over all ranks with one buffer collective per dtype.
 
     Collective. Small arrays of the same dtype are packed into one buffer and reduced with a single
     message, which is what makes many small arrays (a model's gradients, k-means sums and counts)
     cheap; arrays from 256 KiB travel on their own, straight from the input into the result, with
-    no packing copy. All messages are in flight together. The arrival message that starts every
+    no packing copy. The wire buffers are reused from call to call once the results of an earlier
+    call are dropped (MPI is several times faster on memory it has used before); pass ``out`` to
+    reduce into arrays of your own, e.g. ``out=arrays`` to reduce in place. The arrival message that starts every
     mpinb collective also checks that every rank passed the same shapes, dtypes and ``op``; if not,
     every rank raises :class:`~mpinb.CollectiveMismatchError` before any data moves and the
     communicator stays usable.
@@ -114,6 +118,9 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None, timeo
     op : {"sum", "mean", "min", "max"}, default "sum"
         ``"mean"`` divides the sum by the number of ranks (integers become float64, as in NumPy).
         Booleans are summed as int64, and ``"min"``/``"max"`` act as logical and/or on them.
+    out : sequence of numpy.ndarray, optional
+        One array per input, of its result's shape and dtype, that receives the result (it may be
+        the input itself). Local: it changes nothing that goes over the wire.
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
     timeout : float or None, optional
@@ -124,7 +131,7 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None, timeo
     -------
     list
         The reduced values in input order, with their shapes: arrays for arrays, NumPy scalars
-        for scalars.
+        for scalars; with ``out``, the arrays of ``out``.
 
     Examples
     --------
@@ -137,9 +144,11 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", comm: Any = None, timeo
         arrays = [arrays]
     values = [np.asarray(a) for a in arrays]
     plan = _plan(values, op)
+    if out is not None:
+        out = plan.check_out(out)
     with _collective.collective(comm, "allreduce", plan, timeout=timeout,
                                 what="allreduce's shapes, dtypes and op") as call:
-        return plan.run(values, call)
+        return plan.run(values, call, out)
 
 
 class _Plan:
@@ -167,47 +176,73 @@ class _Plan:
         # A buffer is "plain" when its slices are the results as they are: no cast, no integer mean.
         self.plain = [all(self.results[self.small[j]] == wire for j in self.packing.members(b))
                       and (op != "mean" or wire.kind in "fc") for b, wire in enumerate(self.packing.dtypes)]
+        self.shapes = shapes
+        # The wire: the packed buffers, then one buffer per array that travels alone.
+        self.pool = BufferPool([*self.packing.lengths, *[sizes[i] for i, *_ in self.alone]],
+                               [*self.packing.dtypes, *[wire for _, wire, _, _ in self.alone]])
 
     def __repr__(self) -> str:
         return self.text
 
-    def run(self, values: list[np.ndarray], call: Any) -> list[Any]:
-        out: list[Any] = [None] * self.n
-        packed = self.packing.pack([values[i] for i in self.small])
-        n_packed = len(packed)
-        pairs: list[tuple[np.ndarray, np.ndarray]] = []
-        alone: list[tuple[int, np.ndarray]] = []
-        for i, wire, shape, same in self.alone:
-            if same:
-                recv = np.empty(shape, dtype=wire)
-                pairs.append((np.ascontiguousarray(values[i]).reshape(-1), recv.reshape(-1)))
-            else:
-                recv = values[i].astype(wire)
-                packed.append(recv.reshape(-1))
-            alone.append((i, recv))
-        call.allreduce(packed, self.wire_op, pairs=pairs)
-        size = call.size
-        if self.op == "mean":
-            for b in range(n_packed):
-                if self.plain[b]:
-                    packed[b] /= size
-        # The results of a plain buffer are views of it (fresh for this call): no unpacking copy.
-        for (b, _, _), i, view in zip(self.packing.slots, self.small, self.packing.views(packed)):
-            if self.plain[b]:
-                out[i] = view[()] if view.ndim == 0 else view
-            else:
-                out[i] = self._finish(view, i, view.shape, size)
-        for i, recv in alone:
-            out[i] = self._finish(recv, i, recv.shape, size)
+    def check_out(self, out: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``out`` as a list, or an error saying which array does not fit. Local."""
+        out = list(out)
+        if len(out) != self.n:
+            raise ValueError(f"out must hold one array per input ({self.n}); got {len(out)}.")
+        for i, (o, shape, result) in enumerate(zip(out, self.shapes, self.results)):
+            if not isinstance(o, np.ndarray) or o.shape != shape or o.dtype != result or not o.flags.writeable:
+                got = f"{type(o).__name__}" if not isinstance(o, np.ndarray) else f"shape {o.shape}, dtype {o.dtype}"
+                raise ValueError(f"out[{i}] must be a writeable array of shape {shape} and dtype {result}; got {got}.")
         return out
 
-    def _finish(self, flat: np.ndarray, i: int, shape: tuple, size: int) -> Any:
+    def run(self, values: list[np.ndarray], call: Any, out: list[np.ndarray] | None) -> list[Any]:
+        wire = self.pool.take()
+        packed = wire[: len(self.packing.dtypes)]
+        for (b, start, stop), i in zip(self.packing.slots, self.small):
+            np.copyto(packed[b][start:stop], values[i].reshape(-1), casting="unsafe")
+        reduce_in_place: list[np.ndarray] = list(packed)
+        pairs: list[tuple[np.ndarray, np.ndarray]] = []
+        alone: list[tuple[int, np.ndarray]] = []
+        for (i, _, shape, same), buf in zip(self.alone, wire[len(packed):]):
+            target = out[i] if out is not None and same and out[i].flags.c_contiguous else None
+            recv = buf.reshape(shape) if target is None else target
+            if not same:
+                np.copyto(recv, values[i], casting="unsafe")
+                reduce_in_place.append(recv.reshape(-1))
+            elif recv is values[i] or np.shares_memory(recv, values[i]):
+                if recv is not values[i]:
+                    raise ValueError("an out array overlaps its input without being it; pass the input itself.")
+                reduce_in_place.append(recv.reshape(-1))
+            else:
+                pairs.append((np.ascontiguousarray(values[i]).reshape(-1), recv.reshape(-1)))
+            alone.append((i, recv))
+        call.allreduce(reduce_in_place, self.wire_op, pairs=pairs)
+        size = call.size
+        results: list[Any] = [None] * self.n
+        # A plain buffer's results are views of it, divided in place for a mean: no unpacking copy
+        # (the pool keeps the buffer until they are dropped).
+        finished = [(i, (view[()] if view.ndim == 0 else view) if self.plain[b] and self.op != "mean"
+                     else self._finish(view, i, size))
+                    for (b, _, _), i, view in zip(self.packing.slots, self.small, self.packing.views(packed))]
+        finished += [(i, self._finish(recv, i, size)) for i, recv in alone]
+        for i, value in finished:
+            if out is None:
+                results[i] = value
+            else:
+                if not np.may_share_memory(value, out[i]):
+                    np.copyto(out[i], value, casting="unsafe")
+                results[i] = out[i]
+        return results
+
+    def _finish(self, flat: np.ndarray, i: int, size: int) -> Any:
+        """Reduced wire values as the result: divided for a mean, cast, shaped (0-d: a scalar)."""
         result = self.results[i]
         if self.op == "mean":
             if flat.dtype == result and flat.dtype.kind in "fc":
                 flat /= size
             else:
                 flat = flat / size
+        shape = self.shapes[i]
         value = (flat if flat.dtype == result else flat.astype(result)).reshape(shape)
         return value[()] if not shape else value
 
@@ -311,18 +346,8 @@ def _gather_rows(arr: np.ndarray, root: int | None, call: Any) -> np.ndarray | N
         # Objects and strings have no fixed-size MPI type; small, so pickling is fine here.
         parts = call.allgather(arr) if root is None else call.gather(arr, root)
         return None if parts is None else np.concatenate(parts)
-    rows = call.allgather_ints(np.array([arr.shape[0]], dtype=np.int64))[:, 0]
-    width = int(np.prod(arr.shape[1:], dtype=np.int64))
-    counts = rows * width
-    if root is None or call.rank == root:
-        result = np.empty((int(rows.sum()), *arr.shape[1:]), dtype=arr.dtype)
-        if root is None:
-            call.allgatherv(arr.reshape(-1), result.reshape(-1), counts)
-        else:
-            call.gatherv(arr.reshape(-1), result.reshape(-1), counts, root)
-        return result
-    call.gatherv(arr.reshape(-1), None, None, root)
-    return None
+    gathered = call.gather_blocks(arr, root)
+    return None if gathered is None else gathered[0]
 
 
 def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, timeout: Any = DEFAULT, **kwargs: Any) -> Any:
@@ -351,7 +376,7 @@ def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, timeout: Any =
     with _collective.collective(comm, "on_root", timeout=timeout, votes=(int(error is not None), 0)) as call:
         if not call.votes[0]:
             return _bcast(result, 0, call)
-        module, qualname, message = call.bcast(None if error is None else _record(error), 0)
+        module, qualname, message = call.bcast(None if error is None else record(error), 0)
         raised = agree_on_exception(call, module, qualname, message)
         raised.add_note(f"raised on rank 0 by {getattr(fn, '__qualname__', repr(fn))} (mpinb.on_root)")
         if error is not None:
@@ -408,7 +433,7 @@ def limit_threads(n: int | None = None, *, comm: Any = None, timeout: Any = DEFA
         The number of threads this rank now uses.
     """
     if n is not None:
-        _check_int(n, "n", minimum=1, unit="number of threads")
+        check_int(n, "n", minimum=1, unit="number of threads")
     if n is None:
         n = _default_threads(comm, timeout)
     n = int(n)
@@ -465,7 +490,7 @@ def _wire(dtype: np.dtype, op: str) -> tuple[np.dtype, np.dtype]:
 
 
 def _check_root(root: int, size: int) -> None:
-    if not _is_int(root) or not 0 <= root < size:
+    if not is_int(root) or not 0 <= root < size:
         raise ValueError(f"root must be a rank between 0 and {size - 1}; got {root!r}.")
 
 

@@ -55,12 +55,20 @@ def collective(
     return channel(comm).begin(name, layout, timeout=timeout, votes=votes, what=what)
 
 
-def reduce_in_place(buffers: Sequence[np.ndarray], op: str = "sum", *, comm: Any = None, name: str,
-                    timeout: Any = DEFAULT) -> None:
-    """Reduce each contiguous buffer over the ranks, in place (one operation, several messages)."""
-    layout = (op, tuple((b.shape, b.dtype.str) for b in buffers))
-    with collective(comm, name, layout, timeout=timeout, what=f"{name}'s buffers") as call:
-        call.allreduce(buffers, op)
+def reduce_in_place(buffers: Sequence[np.ndarray], op: str | Sequence[str] = "sum", *, comm: Any = None, name: str,
+                    timeout: Any = DEFAULT, votes: tuple[int, int] = (0, 0)) -> Op:
+    """Reduce each contiguous buffer over the ranks, in place: one operation, a message a buffer.
+
+    ``op`` is one op for every buffer or one per buffer. ``votes`` ride in the arrival (see
+    :func:`collective`): a stop decision costs no message of its own. Returns the finished
+    operation, whose ``votes`` and ``waited`` the caller may read.
+    """
+    ops = [op] * len(buffers) if isinstance(op, str) else list(op)
+    layout = (tuple(ops), tuple((b.shape, b.dtype.str) for b in buffers))
+    with collective(comm, name, layout, timeout=timeout, votes=votes, what=f"{name}'s buffers") as call:
+        for kind in dict.fromkeys(ops):
+            call.allreduce([b for b, o in zip(buffers, ops) if o == kind], kind)
+    return call
 
 
 def allgather(obj: Any, *, comm: Any = None, name: str, timeout: Any = DEFAULT) -> list[Any]:

@@ -149,20 +149,26 @@ class Op:
         return self._pickled(obj, root)
 
     def _pickled(self, obj: Any, root: int | None) -> list[Any] | None:
-        """Count, then blocks: the protocol of both object gathers (``root=None``: to every rank)."""
+        """Both object gathers: each rank's pickle as a block of bytes (``root=None``: to every rank)."""
         if self.size == 1:
             return [obj]
         data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-        counts = self.gather_ints(np.array([data.size], dtype=np.int64), root)
-        if counts is not None:
-            counts = counts[:, 0]
-        out = None if counts is None else np.empty(int(counts.sum()), dtype=np.uint8)
-        self.gatherv(data, out, counts, root)
-        return None if out is None else _unpickle(out, counts)
+        gathered = self.gather_blocks(data, root)
+        return None if gathered is None else _unpickle(*gathered)
 
-    def allgather_ints(self, values: np.ndarray) -> np.ndarray:
-        """Every rank's equal-length int64 vector, as rows of a ``(size, n)`` array."""
-        return self.gather_ints(values, None)
+    def gather_blocks(self, block: np.ndarray, root: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every rank's block of rows (axis 0; any length, the same trailing shape and dtype),
+        concatenated in rank order, with each rank's row count; on ``root`` (``None`` elsewhere;
+        ``root=None``: on every rank). The one count-then-blocks protocol: the counts travel first,
+        then the blocks in one ``Gatherv`` (``Allgatherv``)."""
+        rows = self.gather_ints(np.array([block.shape[0]], dtype=np.int64), root)
+        if rows is None:
+            self.gatherv(block.reshape(-1), None, None, root)
+            return None
+        rows = rows[:, 0]
+        out = np.empty((int(rows.sum()), *block.shape[1:]), dtype=block.dtype)
+        self.gatherv(block.reshape(-1), out.reshape(-1), rows * int(np.prod(block.shape[1:], dtype=np.int64)), root)
+        return out, rows
 
     def gather_ints(self, values: np.ndarray, root: int | None) -> np.ndarray | None:
         """Every rank's equal-length int64 vector as rows of a ``(size, n)`` array, on ``root``
@@ -176,10 +182,6 @@ class Op:
         request = (self.comm.Iallgather(values, out) if root is None else self.comm.Igather(values, out, root=root))
         self._wait([request], (values, out))
         return out
-
-    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: np.ndarray) -> None:
-        """Variable-length blocks of ``send`` (flat) from every rank into flat ``recv`` in rank order."""
-        self.gatherv(send, recv, counts, None)
 
     def gatherv(self, send: np.ndarray, recv: np.ndarray | None, counts: np.ndarray | None, root: int | None) -> None:
         """Variable-length blocks into ``recv`` on ``root`` (``None``: on every rank)."""
@@ -307,6 +309,7 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
 
 
 def _unpickle(data: np.ndarray, counts: np.ndarray) -> list[Any]:
+    """The objects pickled in consecutive blocks of ``data``, of ``counts`` bytes each."""
     out, start = [], 0
     for n in counts.tolist():
         out.append(pickle.loads(data[start : start + n].tobytes()))

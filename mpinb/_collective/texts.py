@@ -10,7 +10,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from mpinb._collective import board as _board
-from mpinb.errors import CollectiveAbandoned, CollectiveTimeout, _describe_mismatch
+from mpinb._words import describe_mismatch, ranks
+from mpinb.errors import CollectiveAbandoned, CollectiveTimeout
 
 if TYPE_CHECKING:
     from mpinb._collective.channels import Channel, Gen
@@ -18,10 +19,6 @@ if TYPE_CHECKING:
 
 NEXT = ("mpinb moves every rank to a fresh communicator, so the next collective works once every rank "
          "calls it.")
-
-
-def ranks(values: list[int]) -> str:
-    return f"{'rank' if len(values) == 1 else 'ranks'} {', '.join(map(str, values))}"
 
 
 def listing(missing: dict[int, str]) -> str:
@@ -196,7 +193,7 @@ def waiting_notice(op: Op, waited: float) -> str:
 def mismatch_message(texts: list[tuple[str, str]], what: str | None) -> str:
     names = [n for n, _ in texts]
     if len(set(names)) > 1:
-        return _describe_mismatch("the mpinb collective called at this point", names) + (
+        return describe_mismatch("the mpinb collective called at this point", names) + (
             " Every rank must call the same mpinb collectives in the same order."
         )
-    return _describe_mismatch(what or f"{names[0]}'s arguments", [t for _, t in texts])
+    return describe_mismatch(what or f"{names[0]}'s arguments", [t for _, t in texts])

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpinb._words import rank_ranges
+
 __all__ = ["install", "rank_of_engine", "rank_ranges", "remember_ranks"]
 
 _rank_of_engine: dict[int, int] = {}
@@ -23,17 +25,6 @@ def remember_ranks(ids_by_rank: list[int]) -> None:
 def rank_of_engine(engine_id: int) -> int:
     """The MPI rank of an engine id (the id itself when ``MPICluster`` has not identified it)."""
     return _rank_of_engine.get(engine_id, engine_id)
-
-
-def rank_ranges(ranks: list[int], sep: str = ", ") -> str:
-    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (``sep`` between the runs)."""
-    runs: list[list[int]] = []
-    for r in sorted(ranks):
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def install() -> None:

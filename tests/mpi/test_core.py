@@ -81,6 +81,38 @@ def test_allreduce_result_does_not_alias_the_scratch_buffer(any_comm) -> None:
     np.testing.assert_array_equal(second, np.full(4, 2.0 * any_comm.Get_size()))
 
 
+def test_allreduce_into_out_and_in_place(any_comm) -> None:
+    n, r = any_comm.Get_size(), any_comm.Get_rank()
+    big = np.arange(70_000, dtype=np.float64) + r  # travels alone (over 256 KiB)
+    arrays = [np.full(3, r + 1.0), np.int32(r), big, np.ones(40_000, np.float16)]
+    want = mpinb.allreduce(arrays, op="mean", comm=any_comm)
+    out = [np.zeros_like(np.asarray(w)) for w in want]
+    got = mpinb.allreduce(arrays, op="mean", out=out, comm=any_comm)
+    assert all(g is o for g, o in zip(got, out))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    # out=arrays: in place, the large array straight into itself.
+    inplace = [np.full(4, r + 1.0), big.copy()]
+    mpinb.allreduce(inplace, out=inplace, comm=any_comm)
+    np.testing.assert_array_equal(inplace[0], np.full(4, n * (n + 1) / 2))
+    np.testing.assert_array_equal(inplace[1], np.arange(70_000) * n + n * (n - 1) / 2)
+    with pytest.raises(ValueError, match=r"out\[0\] must be a writeable array of shape \(3,\) and dtype float64"):
+        mpinb.allreduce([np.ones(3)], out=[np.ones(2)], comm=any_comm)
+
+
+def test_allreduce_reuses_its_wire_buffers_once_results_are_dropped(any_comm) -> None:
+    from mpinb.comm import _plan
+
+    arrays = [np.ones(5), np.ones(40_000)]
+    plan = _plan([np.asarray(a) for a in arrays], "sum")
+    kept = mpinb.allreduce(arrays, comm=any_comm)
+    for _ in range(4):
+        mpinb.allreduce(arrays, comm=any_comm)  # results dropped at once: one set serves them all
+    # One set in use by ``kept``, one reused for the four dropped results; ``kept`` intact.
+    assert plan.pool.made == 2
+    np.testing.assert_array_equal(kept[1], np.full(40_000, any_comm.Get_size()))
+
+
 def test_allreduce_uses_one_buffer_collective_per_dtype(comm) -> None:
     from counting import CountingComm
 

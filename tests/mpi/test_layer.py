@@ -52,3 +52,14 @@ def test_kmeans_data_and_errors_communicate_only_through_the_layer(counted) -> N
     # At one rank the layer sends nothing at all; with more, everything went through it.
     assert_everywhere((len(inside) > 0) == (SIZE > 1), f"{len(inside)} calls in the layer")
     assert_same_everywhere(km.cluster_centers_)
+
+
+def test_reduce_in_place_takes_an_op_per_buffer_and_votes_in_the_arrival() -> None:
+    from mpinb import _collective
+
+    sums, peaks = np.full(3, RANK + 1.0), np.array([RANK], dtype=np.int64)
+    op = _collective.reduce_in_place([sums, peaks], ["sum", "max"], name="test's reduction",
+                                     votes=(int(RANK == SIZE - 1), 0))
+    np.testing.assert_array_equal(sums, np.full(3, SIZE * (SIZE + 1) / 2))
+    assert peaks[0] == SIZE - 1
+    assert op.votes == (1, 0)  # the last rank's vote, known to every rank

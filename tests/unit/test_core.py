@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mpinb
-from mpinb.errors import _compose
+from mpinb.agreement import compose as _compose
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 10, 11, 1000])
