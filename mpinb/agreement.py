@@ -13,9 +13,10 @@ from typing import Any
 
 from mpinb import _collective
 from mpinb import deadline as _deadline
+from mpinb._collective.exceptions import record
 from mpinb._words import on_ranks
 
-__all__ = ["agree_on_exception", "check_all", "check_same", "raise_together", "record"]
+__all__ = ["check_all", "check_same", "raise_together"]
 
 
 def check_all(
@@ -52,12 +53,9 @@ def check_all(
     --------
     >>> mpinb.check_all(len(X_local) > 0, f"this shard is empty ({len(X_local)} rows)")
     """
-    with _collective.collective(comm, "check_all", timeout=timeout, votes=(0 if ok else 1, 0)) as op:
-        if not op.votes[0]:
-            return
-        verdicts = op.allgather(None if ok else str(message))
-        failed = {rank: msg for rank, msg in enumerate(verdicts) if msg is not None}
-        op.fail(exc(compose(failed, op.size)))
+    failed = _collective.failures(None if ok else str(message), comm=comm, name="check_all", timeout=timeout)
+    if failed:
+        raise exc(compose(failed, _collective.channel(comm).size))
 
 
 def check_same(value: Any, what: str, *, comm: Any = None, timeout: Any = _deadline.DEFAULT) -> None:
@@ -79,8 +77,7 @@ def check_same(value: Any, what: str, *, comm: Any = None, timeout: Any = _deadl
         Seconds to wait for the other ranks before raising :class:`CollectiveTimeout`; by default
         :func:`mpinb.get_collective_timeout`, and ``None`` waits forever.
     """
-    with _collective.collective(comm, "check_same", repr(value), timeout=timeout, what=what):
-        pass
+    _collective.barrier(comm=comm, name="check_same", layout=repr(value), what=what, timeout=timeout)
 
 
 @contextmanager
@@ -108,29 +105,15 @@ def raise_together(*, comm: Any = None, timeout: Any = _deadline.DEFAULT) -> Ite
         yield
     except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
         error = err
-    with _collective.collective(comm, "raise_together", timeout=timeout, votes=(int(error is not None), 0)) as op:
-        if not op.votes[0]:
-            return
-        reports = op.allgather(None if error is None else record(error))
-        failed = {rank: rep for rank, rep in enumerate(reports) if rep is not None}
-        first = failed[min(failed)]
-        message = compose({rank: text for rank, (_, _, text) in failed.items()}, op.size)
-        raised = agree_on_exception(op, first[0], first[1], message)
-        if error is not None and record(error)[:2] == first[:2]:
-            raised.__cause__ = error
-        op.fail(raised)
-
-
-def agree_on_exception(op: Any, module: str, qualname: str, message: str) -> BaseException:
-    """The exception every rank raises for a type known by ``module`` and ``qualname``.
-
-    Collective, inside operation ``op``: the type is used only if every rank can import it by that
-    name and build it from a message, else every rank gets ``RuntimeError`` naming the type.
-    """
-    kind = _find_type(module, qualname)
-    if not all(op.allgather(kind is not None)):
-        kind = None
-    return _instantiate(kind, module, qualname, message)
+    failed = _collective.failures(None if error is None else record(error), comm=comm, name="raise_together",
+                                  timeout=timeout)
+    if not failed:
+        return
+    module, qualname, _ = failed[min(failed)]
+    message = compose({rank: text for rank, (_, _, text) in failed.items()}, _collective.channel(comm).size)
+    raised = _collective.common_exception(module, qualname, message, comm=comm, name="raise_together's exception",
+                                          timeout=timeout)
+    raise raised from (error if error is not None and record(error)[:2] == (module, qualname) else None)
 
 
 def compose(failed: dict[int, str], size: int) -> str:
@@ -143,32 +126,3 @@ def compose(failed: dict[int, str], size: int) -> str:
     return f"{parts} [{on_ranks(ranks, size)}]"
 
 
-def record(error: BaseException) -> tuple[str, str, str]:
-    """How an exception crosses ranks: its type's module and qualified name, and its message."""
-    kind = type(error)
-    return kind.__module__, kind.__qualname__, str(error)
-
-
-def _find_type(module: str, qualname: str) -> type[BaseException] | None:
-    if "<" in qualname:  # defined inside a function: no name reaches it
-        return None
-    import importlib
-
-    try:
-        found: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except Exception:  # noqa: BLE001 - any failure means: not importable by name
-        return None
-    return found if isinstance(found, type) and issubclass(found, BaseException) else None
-
-
-def _instantiate(kind: type[BaseException] | None, module: str, qualname: str, message: str) -> BaseException:
-    # A type that cannot be rebuilt from a message alone (rare) degrades to RuntimeError too.
-    if kind is not None:
-        try:
-            return kind(message)
-        except Exception:  # noqa: BLE001
-            pass
-    name = qualname if module == "builtins" else f"{module}.{qualname}"
-    return RuntimeError(f"{name}: {message}")

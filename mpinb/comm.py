@@ -12,7 +12,8 @@ import numpy as np
 from mpinb import _collective
 from mpinb._checks import check_int, is_int
 from mpinb._layout import BufferPool, Layout
-from mpinb.agreement import agree_on_exception, record
+from mpinb._collective.exceptions import record
+from mpinb._collective.fused import OPS
 from mpinb.deadline import DEFAULT
 
 __all__ = [
@@ -26,7 +27,6 @@ __all__ = [
     "world",
 ]
 
-_OPS = ("sum", "mean", "min", "max")
 
 
 @dataclass(frozen=True)
@@ -138,126 +138,12 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", out: Sequence[np.ndarra
     >>> sums, counts = mpinb.allreduce([X_local.sum(axis=0), len(X_local)])
     >>> mean = sums / counts
     """
-    if op not in _OPS:
-        raise ValueError(f"op must be one of {', '.join(map(repr, _OPS))}; got {op!r}.")
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(map(repr, OPS))}; got {op!r}.")
     if isinstance(arrays, np.ndarray):
         arrays = [arrays]
-    values = [np.asarray(a) for a in arrays]
-    plan = _plan(values, op)
-    if out is not None:
-        out = plan.check_out(out)
-    with _collective.collective(comm, "allreduce", plan, timeout=timeout,
-                                what="allreduce's shapes, dtypes and op") as call:
-        return plan.run(values, call, out)
-
-
-class _Plan:
-    """How one layout of arrays (shapes, dtypes, op) is reduced; made once per layout and reused.
-
-    Its ``repr`` is the layout, identical on every rank, so the arrival message checks it; the
-    object itself keys the digest cache, so a repeated layout costs a dictionary lookup.
-    """
-
-    def __init__(self, shapes: tuple, dtypes: tuple, op: str) -> None:
-        for i, dtype in enumerate(dtypes):
-            if dtype.kind not in "biufc":
-                raise TypeError(f"allreduce reduces numbers and booleans; item {i} has dtype {dtype}.")
-            if dtype.kind == "c" and op in ("min", "max"):
-                raise TypeError(f"op={op!r} is undefined for complex numbers (item {i}).")
-        self.text = repr((op, tuple((shape, dtype.str) for shape, dtype in zip(shapes, dtypes))))
-        self.op, self.wire_op, self.n = op, "sum" if op == "mean" else op, len(shapes)
-        wires, self.results = zip(*[_wire(dtype, op) for dtype in dtypes]) if dtypes else ((), ())
-        sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
-        # Large arrays travel on their own, straight from the input into the result: no packing.
-        self.alone = [(i, wires[i], shapes[i], dtypes[i] == wires[i]) for i in range(self.n)
-                      if sizes[i] * dtypes[i].itemsize >= _ALONE]
-        self.small = [i for i in range(self.n) if sizes[i] * dtypes[i].itemsize < _ALONE]
-        self.packing = Layout([shapes[i] for i in self.small], [wires[i] for i in self.small])
-        # A buffer is "plain" when its slices are the results as they are: no cast, no integer mean.
-        self.plain = [all(self.results[self.small[j]] == wire for j in self.packing.members(b))
-                      and (op != "mean" or wire.kind in "fc") for b, wire in enumerate(self.packing.dtypes)]
-        self.shapes = shapes
-        # The wire: the packed buffers, then one buffer per array that travels alone.
-        self.pool = BufferPool([*self.packing.lengths, *[sizes[i] for i, *_ in self.alone]],
-                               [*self.packing.dtypes, *[wire for _, wire, _, _ in self.alone]])
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def check_out(self, out: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """``out`` as a list, or an error saying which array does not fit. Local."""
-        out = list(out)
-        if len(out) != self.n:
-            raise ValueError(f"out must hold one array per input ({self.n}); got {len(out)}.")
-        for i, (o, shape, result) in enumerate(zip(out, self.shapes, self.results)):
-            if not isinstance(o, np.ndarray) or o.shape != shape or o.dtype != result or not o.flags.writeable:
-                got = f"{type(o).__name__}" if not isinstance(o, np.ndarray) else f"shape {o.shape}, dtype {o.dtype}"
-                raise ValueError(f"out[{i}] must be a writeable array of shape {shape} and dtype {result}; got {got}.")
-        return out
-
-    def run(self, values: list[np.ndarray], call: Any, out: list[np.ndarray] | None) -> list[Any]:
-        wire = self.pool.take()
-        packed = wire[: len(self.packing.dtypes)]
-        for (b, start, stop), i in zip(self.packing.slots, self.small):
-            np.copyto(packed[b][start:stop], values[i].reshape(-1), casting="unsafe")
-        reduce_in_place: list[np.ndarray] = list(packed)
-        pairs: list[tuple[np.ndarray, np.ndarray]] = []
-        alone: list[tuple[int, np.ndarray]] = []
-        for (i, _, shape, same), buf in zip(self.alone, wire[len(packed):]):
-            target = out[i] if out is not None and same and out[i].flags.c_contiguous else None
-            recv = buf.reshape(shape) if target is None else target
-            if not same:
-                np.copyto(recv, values[i], casting="unsafe")
-                reduce_in_place.append(recv.reshape(-1))
-            elif recv is values[i] or np.shares_memory(recv, values[i]):
-                if recv is not values[i]:
-                    raise ValueError("an out array overlaps its input without being it; pass the input itself.")
-                reduce_in_place.append(recv.reshape(-1))
-            else:
-                pairs.append((np.ascontiguousarray(values[i]).reshape(-1), recv.reshape(-1)))
-            alone.append((i, recv))
-        call.allreduce(reduce_in_place, self.wire_op, pairs=pairs)
-        size = call.size
-        results: list[Any] = [None] * self.n
-        # A plain buffer's results are views of it, divided in place for a mean: no unpacking copy
-        # (the pool keeps the buffer until they are dropped).
-        finished = [(i, (view[()] if view.ndim == 0 else view) if self.plain[b] and self.op != "mean"
-                     else self._finish(view, i, size))
-                    for (b, _, _), i, view in zip(self.packing.slots, self.small, self.packing.views(packed))]
-        finished += [(i, self._finish(recv, i, size)) for i, recv in alone]
-        for i, value in finished:
-            if out is None:
-                results[i] = value
-            else:
-                if not np.may_share_memory(value, out[i]):
-                    np.copyto(out[i], value, casting="unsafe")
-                results[i] = out[i]
-        return results
-
-    def _finish(self, flat: np.ndarray, i: int, size: int) -> Any:
-        """Reduced wire values as the result: divided for a mean, cast, shaped (0-d: a scalar)."""
-        result = self.results[i]
-        if self.op == "mean":
-            if flat.dtype == result and flat.dtype.kind in "fc":
-                flat /= size
-            else:
-                flat = flat / size
-        shape = self.shapes[i]
-        value = (flat if flat.dtype == result else flat.astype(result)).reshape(shape)
-        return value[()] if not shape else value
-
-
-_plans: dict[tuple, _Plan] = {}
-
-
-def _plan(values: list[np.ndarray], op: str) -> _Plan:
-    key = (op, tuple([v.shape for v in values]), tuple([v.dtype for v in values]))
-    plan = _plans.get(key)
-    if plan is None:
-        if len(_plans) > 256:
-            _plans.clear()
-        plan = _plans[key] = _Plan(key[1], key[2], op)
-    return plan
+    return _collective.allreduce([np.asarray(a) for a in arrays], op, out=out, comm=comm, name="allreduce",
+                                 timeout=timeout)
 
 
 def bcast(obj: Any, *, root: int = 0, comm: Any = None, timeout: Any = DEFAULT) -> Any:
@@ -285,23 +171,7 @@ def bcast(obj: Any, *, root: int = 0, comm: Any = None, timeout: Any = DEFAULT) 
     """
     chan = _collective.channel(comm)
     _check_root(root, chan.size)
-    with _collective.collective(comm, "bcast", ("root", root), timeout=timeout) as call:
-        return _bcast(obj, root, call)
-
-
-def _bcast(obj: Any, root: int, call: Any) -> Any:
-    if call.size == 1:
-        return obj
-    is_root = call.rank == root
-    numeric = isinstance(obj, np.ndarray) and obj.dtype.kind in "biufc"
-    header = call.bcast((("array", obj.shape, obj.dtype.str) if numeric else ("object", obj)) if is_root else None, root,
-                        label=type(obj).__name__)
-    if header[0] == "object":
-        return obj if is_root else header[1]
-    _, shape, dtype = header
-    buf = np.ascontiguousarray(obj) if is_root else np.empty(shape, dtype=dtype)
-    call.bcast_array(buf, root)
-    return obj if is_root else buf
+    return _collective.bcast(obj, root=root, comm=comm, name="bcast", timeout=timeout)
 
 
 def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None, timeout: Any = DEFAULT) -> np.ndarray | None:
@@ -335,19 +205,7 @@ def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None, timeout: 
     arr = np.ascontiguousarray(np.asarray(local))
     if arr.ndim == 0:
         raise ValueError(f"gather_rows needs rows along axis 0; got a 0-d value {arr!r}.")
-    layout = f"rows of shape {arr.shape[1:]} and dtype {arr.dtype}" + ("" if root is None else f", to rank {root}")
-    what = "gather_rows's row shape, dtype and root"
-    with _collective.collective(comm, "gather_rows", layout, timeout=timeout, what=what) as call:
-        return _gather_rows(arr, root, call)
-
-
-def _gather_rows(arr: np.ndarray, root: int | None, call: Any) -> np.ndarray | None:
-    if arr.dtype.kind not in "biufc":
-        # Objects and strings have no fixed-size MPI type; small, so pickling is fine here.
-        parts = call.allgather(arr) if root is None else call.gather(arr, root)
-        return None if parts is None else np.concatenate(parts)
-    gathered = call.gather_blocks(arr, root)
-    return None if gathered is None else gathered[0]
+    return _collective.gather_rows(arr, root=root, comm=comm, name="gather_rows", timeout=timeout)
 
 
 def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, timeout: Any = DEFAULT, **kwargs: Any) -> Any:
@@ -373,15 +231,13 @@ def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, timeout: Any =
             result = fn(*args, **kwargs)
         except Exception as err:  # noqa: BLE001 - re-raised on every rank below (one rank included)
             error = err
-    with _collective.collective(comm, "on_root", timeout=timeout, votes=(int(error is not None), 0)) as call:
-        if not call.votes[0]:
-            return _bcast(result, 0, call)
-        module, qualname, message = call.bcast(None if error is None else record(error), 0)
-        raised = agree_on_exception(call, module, qualname, message)
-        raised.add_note(f"raised on rank 0 by {getattr(fn, '__qualname__', repr(fn))} (mpinb.on_root)")
-        if error is not None:
-            raised.__cause__ = error
-        call.fail(raised)
+    failed = _collective.failures(None if error is None else record(error), root=0, comm=comm, name="on_root",
+                                  timeout=timeout)
+    if not failed:
+        return _collective.bcast(result, root=0, comm=comm, name="on_root's result", timeout=timeout)
+    raised = _collective.common_exception(*failed[0], comm=comm, name="on_root's exception", timeout=timeout)
+    raised.add_note(f"raised on rank 0 by {getattr(fn, '__qualname__', repr(fn))} (mpinb.on_root)")
+    raise raised from error
 
 
 def rprint(
@@ -401,8 +257,7 @@ def rprint(
         if rank == 0:
             print(_prefix(text, 0, size), file=stream, flush=True)
         return
-    with _collective.collective(comm, "rprint", timeout=timeout) as call:
-        texts = call.gather(text, 0)
+    texts = _collective.gather(text, root=0, comm=comm, name="rprint", timeout=timeout)
     if rank == 0:
         print("\n".join(_prefix(t, r, size) for r, t in enumerate(texts)), file=stream, flush=True)
 
@@ -474,19 +329,6 @@ def thread_env(n: int) -> dict[str, str]:
     return {**{var: str(n) for var in pools}, "TF_NUM_INTEROP_THREADS": "1"}
 
 
-_ALONE = 1 << 18  # arrays this large (bytes) are reduced on their own, without a packing copy
-
-
-def _wire(dtype: np.dtype, op: str) -> tuple[np.dtype, np.dtype]:
-    """(dtype reduced on the wire, dtype returned) for one input dtype and op."""
-    if dtype.kind == "b":
-        return (np.dtype(np.int64), np.dtype(np.int64)) if op in ("sum", "mean") else (np.dtype(np.uint8), dtype)
-    if dtype == np.float16:
-        # MPI has no half type; reducing in float32 is also more accurate.
-        return np.dtype(np.float32), dtype
-    if op == "mean" and dtype.kind in "iu":
-        return np.dtype(np.int64) if dtype.kind == "i" else np.dtype(np.uint64), np.dtype(np.float64)
-    return dtype.newbyteorder("="), dtype.newbyteorder("=")
 
 
 def _check_root(root: int, size: int) -> None:

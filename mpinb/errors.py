@@ -89,10 +89,10 @@ class CollectiveAbandoned(RuntimeError):
 def __getattr__(name: str) -> object:
     # Until every module imports them from their own homes (agreement, _checks, _digest).
     from mpinb import _checks, _digest, agreement
+    from mpinb._collective import exceptions
 
     moved = {"check_all": agreement.check_all, "check_same": agreement.check_same,
-             "raise_together": agreement.raise_together, "agree_on_exception": agreement.agree_on_exception,
-             "_record": agreement.record, "_check_int": _checks.check_int, "_is_int": _checks.is_int,
+             "raise_together": agreement.raise_together, "_record": exceptions.record, "_check_int": _checks.check_int, "_is_int": _checks.is_int,
              "_resolve": _checks.default_comm, "_digest": _digest.digest}
     if name in moved:
         return moved[name]

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from mpinb._collective.channels import Channel
     from mpinb._collective.ops import Op
 
-__all__ = ["allgather", "barrier", "bcast", "channel", "collective", "reduce_in_place"]
+__all__ = ["allgather", "allreduce", "barrier", "bcast", "channel", "collective", "common_exception", "failures",
+           "gather", "gather_rows", "reduce_in_place", "vote"]
 
 
 def channel(comm: Any = None) -> Channel:
@@ -71,22 +72,100 @@ def reduce_in_place(buffers: Sequence[np.ndarray], op: str | Sequence[str] = "su
     return call
 
 
+def allreduce(arrays: Sequence[np.ndarray], op: str = "sum", *, out: Sequence[np.ndarray] | None = None,
+              comm: Any = None, name: str, timeout: Any = DEFAULT, what: str | None = None) -> list[Any]:
+    """The fused reduction of ``arrays`` (see :mod:`.fused`): one message per dtype, the arrival
+    checking every rank passed the same shapes, dtypes and ``op``; results in ``out`` if given."""
+    from mpinb._collective.fused import plan
+
+    fused = plan(arrays, op)
+    if out is not None:
+        out = fused.check_out(out)
+    with collective(comm, name, fused, timeout=timeout, what=what or f"{name}'s shapes, dtypes and op") as call:
+        return fused.run(arrays, call, out)
+
+
 def allgather(obj: Any, *, comm: Any = None, name: str, timeout: Any = DEFAULT) -> list[Any]:
     """Every rank's ``obj`` (pickled), in rank order, on every rank."""
     with collective(comm, name, timeout=timeout) as call:
         return call.allgather(obj)
 
 
-def bcast(obj: Any, *, root: int = 0, comm: Any = None, name: str, timeout: Any = DEFAULT) -> Any:
-    """Root's ``obj`` (pickled) on every rank."""
+def gather(obj: Any, *, root: int = 0, comm: Any = None, name: str, timeout: Any = DEFAULT) -> list[Any] | None:
+    """Every rank's ``obj`` (pickled), in rank order, on ``root``; ``None`` elsewhere."""
     with collective(comm, name, ("root", root), timeout=timeout) as call:
-        return call.bcast(obj, root)
+        return call.gather(obj, root)
 
 
-def barrier(*, comm: Any = None, name: str, timeout: Any = DEFAULT) -> float:
-    """Wait until every rank has arrived; returns the seconds spent waiting."""
-    with collective(comm, name, timeout=timeout) as call:
+def gather_rows(rows: np.ndarray, *, root: int | None = 0, comm: Any = None, name: str, timeout: Any = DEFAULT,
+                what: str | None = None) -> np.ndarray | None:
+    """Every rank's rows (contiguous, axis 0, any count) in rank order, on ``root`` (``None``: on
+    every rank); the arrival checks the trailing shape, dtype and root."""
+    layout = f"rows of shape {rows.shape[1:]} and dtype {rows.dtype}" + ("" if root is None else f", to rank {root}")
+    with collective(comm, name, layout, timeout=timeout, what=what or f"{name}'s row shape, dtype and root") as call:
+        if rows.dtype.kind not in "biufc":
+            # Objects and strings have no fixed-size MPI type; small, so pickling is fine here.
+            parts = call.allgather(rows) if root is None else call.gather(rows, root)
+            return None if parts is None else np.concatenate(parts)
+        gathered = call.gather_blocks(rows, root)
+        return None if gathered is None else gathered[0]
+
+
+def bcast(obj: Any, *, root: int = 0, comm: Any = None, name: str, timeout: Any = DEFAULT) -> Any:
+    """Root's ``obj`` on every rank: a numeric NumPy array by buffer, anything else pickled (an
+    object root cannot pickle raises the same ``TypeError`` on every rank). Root gets ``obj`` back."""
+    with collective(comm, name, ("root", root), timeout=timeout) as call:
+        if call.size == 1:
+            return obj
+        is_root = call.rank == root
+        numeric = is_root and isinstance(obj, np.ndarray) and obj.dtype.kind in "biufc"
+        header = call.bcast((("array", obj.shape, obj.dtype.str) if numeric else ("object", obj)) if is_root else None,
+                            root, label=type(obj).__name__)
+        if header[0] == "object":
+            return obj if is_root else header[1]
+        _, shape, dtype = header
+        buf = np.ascontiguousarray(obj) if is_root else np.empty(shape, dtype=dtype)
+        call.bcast_array(buf, root)
+        return obj if is_root else buf
+
+
+def barrier(*, comm: Any = None, name: str, timeout: Any = DEFAULT, layout: Any = None, what: str | None = None) -> float:
+    """Wait until every rank has arrived, with the same ``layout`` (else every rank raises
+    :class:`~mpinb.CollectiveMismatchError` naming ``what``); returns the seconds spent waiting."""
+    with collective(comm, name, layout, timeout=timeout, what=what) as call:
         return call.waited
+
+
+def vote(value: int, *, comm: Any = None, name: str, timeout: Any = DEFAULT) -> int:
+    """The largest of every rank's non-negative ``value``: it rides in the arrival, no message of its own."""
+    with collective(comm, name, timeout=timeout, votes=(int(value), 0)) as call:
+        return call.votes[0]
+
+
+def failures(report: Any, *, root: int | None = None, comm: Any = None, name: str,
+             timeout: Any = DEFAULT) -> dict[int, Any]:
+    """Every failing rank's ``report`` (``None``: this rank is fine), by rank, on every rank.
+
+    One operation: whether any rank failed rides in the arrival, so the common case moves no data;
+    only then do the reports travel (with ``root``, only root may fail and its report is broadcast).
+    """
+    with collective(comm, name, None if root is None else ("root", root), timeout=timeout,
+                    votes=(int(report is not None), 0)) as call:
+        if not call.votes[0]:
+            return {}
+        if root is not None:
+            return {root: call.bcast(report, root)}
+        return {rank: r for rank, r in enumerate(call.allgather(report)) if r is not None}
+
+
+def common_exception(module: str, qualname: str, message: str, *, comm: Any = None, name: str,
+                     timeout: Any = DEFAULT) -> BaseException:
+    """The exception of type ``module.qualname`` with ``message`` that every rank can build: that
+    type where every rank can import it by name, else ``RuntimeError`` naming it (one operation)."""
+    from mpinb._collective.exceptions import agreed
+
+    with collective(comm, name, (module, qualname), timeout=timeout) as call:
+        return agreed(call, module, qualname, message)
 
 
 _channels: dict[int, Channel] = {}

@@ -101,7 +101,7 @@ def test_allreduce_into_out_and_in_place(any_comm) -> None:
 
 
 def test_allreduce_reuses_its_wire_buffers_once_results_are_dropped(any_comm) -> None:
-    from mpinb.comm import _plan
+    from mpinb._collective.fused import plan as _plan
 
     arrays = [np.ones(5), np.ones(40_000)]
     plan = _plan([np.asarray(a) for a in arrays], "sum")

@@ -1,0 +1,142 @@
+"""The fused reduction: many arrays of any shapes and dtypes reduced with one message per dtype.
+
+Every reduction of several arrays in mpinb goes through here (``mpinb.allreduce``, the gradient
+exchange and the weight average build on it), so packing, wire dtypes, reused wire buffers and the
+mean are written once. Small arrays of one dtype share a packed buffer; large ones travel on their
+own, straight from the input into the result, with no packing copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from mpinb._layout import BufferPool, Layout
+
+__all__ = ["OPS", "Fused", "plan"]
+
+OPS = ("sum", "mean", "min", "max")
+_ALONE = 1 << 18  # arrays this large (bytes) are reduced on their own, without a packing copy
+
+
+class Fused:
+    """How one layout of arrays (shapes, dtypes, op) is reduced; made once per layout and reused.
+    Local: :meth:`run` sends its messages inside the caller's operation.
+
+    Its ``repr`` is the layout, identical on every rank, so the arrival message checks it; the
+    object itself keys the digest cache, so a repeated layout costs a dictionary lookup.
+    """
+
+    def __init__(self, shapes: tuple, dtypes: tuple, op: str) -> None:
+        for i, dtype in enumerate(dtypes):
+            if dtype.kind not in "biufc":
+                raise TypeError(f"allreduce reduces numbers and booleans; item {i} has dtype {dtype}.")
+            if dtype.kind == "c" and op in ("min", "max"):
+                raise TypeError(f"op={op!r} is undefined for complex numbers (item {i}).")
+        self.text = repr((op, tuple((shape, dtype.str) for shape, dtype in zip(shapes, dtypes))))
+        self.op, self.wire_op, self.n = op, "sum" if op == "mean" else op, len(shapes)
+        wires, self.results = zip(*[_wire(dtype, op) for dtype in dtypes]) if dtypes else ((), ())
+        sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+        # Large arrays travel on their own, straight from the input into the result: no packing.
+        self.alone = [(i, wires[i], shapes[i], dtypes[i] == wires[i]) for i in range(self.n)
+                      if sizes[i] * dtypes[i].itemsize >= _ALONE]
+        self.small = [i for i in range(self.n) if sizes[i] * dtypes[i].itemsize < _ALONE]
+        self.packing = Layout([shapes[i] for i in self.small], [wires[i] for i in self.small])
+        # A buffer is "plain" when its slices are the results as they are: no cast, no integer mean.
+        self.plain = [all(self.results[self.small[j]] == wire for j in self.packing.members(b))
+                      and (op != "mean" or wire.kind in "fc") for b, wire in enumerate(self.packing.dtypes)]
+        self.shapes = shapes
+        # The wire: the packed buffers, then one buffer per array that travels alone.
+        self.pool = BufferPool([*self.packing.lengths, *[sizes[i] for i, *_ in self.alone]],
+                               [*self.packing.dtypes, *[wire for _, wire, _, _ in self.alone]])
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def check_out(self, out: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``out`` as a list, or an error saying which array does not fit. Local."""
+        out = list(out)
+        if len(out) != self.n:
+            raise ValueError(f"out must hold one array per input ({self.n}); got {len(out)}.")
+        for i, (o, shape, result) in enumerate(zip(out, self.shapes, self.results)):
+            if not isinstance(o, np.ndarray) or o.shape != shape or o.dtype != result or not o.flags.writeable:
+                got = f"{type(o).__name__}" if not isinstance(o, np.ndarray) else f"shape {o.shape}, dtype {o.dtype}"
+                raise ValueError(f"out[{i}] must be a writeable array of shape {shape} and dtype {result}; got {got}.")
+        return out
+
+    def run(self, values: list[np.ndarray], call: Any, out: list[np.ndarray] | None) -> list[Any]:
+        wire = self.pool.take()
+        packed = wire[: len(self.packing.dtypes)]
+        for (b, start, stop), i in zip(self.packing.slots, self.small):
+            np.copyto(packed[b][start:stop], values[i].reshape(-1), casting="unsafe")
+        reduce_in_place: list[np.ndarray] = list(packed)
+        pairs: list[tuple[np.ndarray, np.ndarray]] = []
+        alone: list[tuple[int, np.ndarray]] = []
+        for (i, _, shape, same), buf in zip(self.alone, wire[len(packed):]):
+            target = out[i] if out is not None and same and out[i].flags.c_contiguous else None
+            recv = buf.reshape(shape) if target is None else target
+            if not same:
+                np.copyto(recv, values[i], casting="unsafe")
+                reduce_in_place.append(recv.reshape(-1))
+            elif recv is values[i] or np.shares_memory(recv, values[i]):
+                if recv is not values[i]:
+                    raise ValueError("an out array overlaps its input without being it; pass the input itself.")
+                reduce_in_place.append(recv.reshape(-1))
+            else:
+                pairs.append((np.ascontiguousarray(values[i]).reshape(-1), recv.reshape(-1)))
+            alone.append((i, recv))
+        call.allreduce(reduce_in_place, self.wire_op, pairs=pairs)
+        size = call.size
+        results: list[Any] = [None] * self.n
+        # A plain buffer's results are views of it, divided in place for a mean: no unpacking copy
+        # (the pool keeps the buffer until they are dropped).
+        finished = [(i, (view[()] if view.ndim == 0 else view) if self.plain[b] and self.op != "mean"
+                     else self._finish(view, i, size))
+                    for (b, _, _), i, view in zip(self.packing.slots, self.small, self.packing.views(packed))]
+        finished += [(i, self._finish(recv, i, size)) for i, recv in alone]
+        for i, value in finished:
+            if out is None:
+                results[i] = value
+            else:
+                if not np.may_share_memory(value, out[i]):
+                    np.copyto(out[i], value, casting="unsafe")
+                results[i] = out[i]
+        return results
+
+    def _finish(self, flat: np.ndarray, i: int, size: int) -> Any:
+        """Reduced wire values as the result: divided for a mean, cast, shaped (0-d: a scalar)."""
+        result = self.results[i]
+        if self.op == "mean":
+            if flat.dtype == result and flat.dtype.kind in "fc":
+                flat /= size
+            else:
+                flat = flat / size
+        shape = self.shapes[i]
+        value = (flat if flat.dtype == result else flat.astype(result)).reshape(shape)
+        return value[()] if not shape else value
+
+
+_plans: dict[tuple, Fused] = {}
+
+
+def plan(values: list[np.ndarray], op: str) -> Fused:
+    key = (op, tuple([v.shape for v in values]), tuple([v.dtype for v in values]))
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) > 256:
+            _plans.clear()
+        plan = _plans[key] = Fused(key[1], key[2], op)
+    return plan
+
+
+def _wire(dtype: np.dtype, op: str) -> tuple[np.dtype, np.dtype]:
+    """(dtype reduced on the wire, dtype returned) for one input dtype and op."""
+    if dtype.kind == "b":
+        return (np.dtype(np.int64), np.dtype(np.int64)) if op in ("sum", "mean") else (np.dtype(np.uint8), dtype)
+    if dtype == np.float16:
+        # MPI has no half type; reducing in float32 is also more accurate.
+        return np.dtype(np.float32), dtype
+    if op == "mean" and dtype.kind in "iu":
+        return np.dtype(np.int64) if dtype.kind == "i" else np.dtype(np.uint64), np.dtype(np.float64)
+    return dtype.newbyteorder("="), dtype.newbyteorder("=")
