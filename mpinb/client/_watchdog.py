@@ -31,7 +31,10 @@ class Watchdog:
         read, self._write = os.pipe()  # not inheritable: processes started later do not hold it
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "mpinb.client._watchdog", str(os.getpid())],
+                # Not ``-m mpinb.client._watchdog``: runpy would warn that the package (which imports
+                # this module) loaded it before running it as __main__ -- on every cluster start.
+                [sys.executable, "-c", "import sys; from mpinb.client._watchdog import main; main(int(sys.argv[1]))",
+                 str(os.getpid())],
                 stdin=read, stdout=subprocess.DEVNULL, start_new_session=True,
             )
         finally:
@@ -101,6 +104,3 @@ def main(owner: int) -> None:
     trees.discard(os.getpid())
     end(sorted(trees), grace=_GRACE, terminate=True)
 
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]))
