@@ -48,3 +48,18 @@ class CountingComm:
         """Calls made by mpinb modules outside the package ``allowed``."""
         return [(m, who) for m, who in self.calls
                 if who.startswith("mpinb") and who != allowed and not who.startswith(allowed + ".")]
+
+
+def count_calls(monkeypatch: Any, owner: Any, name: str) -> list[str]:
+    """Replace ``owner.name`` (a module's function or class) for the test by a wrapper that appends
+    to the returned list on every call, then calls the original: how a test counts, say, gradient
+    exchanges or buffer allocations without production code keeping counters for it."""
+    calls: list[str] = []
+    original = getattr(owner, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls

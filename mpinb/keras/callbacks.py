@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import time
 from typing import Any
 
 import keras
 import numpy as np
 
-from mpinb._layout import Layout
-from mpinb.comm import allreduce, bcast, on_root
+from mpinb._training.averaging import average_arrays, gather_logs
+from mpinb._training.packing import bcast_arrays
+from mpinb._training.stopping import JointStop
+from mpinb.comm import on_root
 from mpinb.errors import _check_int, _resolve, check_same
 from mpinb.interrupt import StopFlag
-from mpinb.keras._sync import average_arrays, gather_logs
-from mpinb.keras.optimizer import is_distributed
+from mpinb.keras._checkpoint import save
+from mpinb.keras.optimizer import exchange_of
 
 __all__ = [
     "BroadcastInitialState",
@@ -190,7 +189,7 @@ class RootCheckpoint(keras.callbacks.Callback):
         last = epoch + 1 >= (self.params or {}).get("epochs", epoch + 1)
         if (epoch + 1) % self.every and not last:
             return
-        on_root(_save, self.model, self.filepath, epoch, comm=self.comm)
+        on_root(save, self.model, self.filepath, epoch, comm=self.comm)
 
 
 class StopOnInterrupt(keras.callbacks.Callback):
@@ -219,65 +218,52 @@ class StopOnInterrupt(keras.callbacks.Callback):
 
     def __init__(self, flag: StopFlag | None = None, *, raise_errors: bool = True, comm: Any = None) -> None:
         super().__init__()
-        self.flag = flag if flag is not None else StopFlag()
         self.raise_errors = raise_errors
         self.comm = _resolve(comm)
-        self.stopped: tuple[str, int, int] | None = None
-        self._entered = False
-        self._pending = 0.0
+        self._joint = JointStop(flag if flag is not None else StopFlag(), self.comm)
         self._epoch = 0
         self._exchange: Any = None
-        self._nonfinite_seen = 0
+
+    @property
+    def flag(self) -> StopFlag:
+        """The flag watched: ``flag.request()`` stops like Ctrl-C."""
+        return self._joint.flag
+
+    @property
+    def stopped(self) -> tuple[str, int, int] | None:
+        """``(reason, epoch, step)`` of the joint stop, or ``None``; the same on every rank."""
+        return self._joint.stopped
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self.stopped = None
-        self._pending = 0.0
-        self._nonfinite_local = False
-        if not self._entered:
-            self.flag.__enter__()
-            self._entered = True
-        opt = self.model.optimizer
+        self._joint.begin()
         # One rank has no gradient exchange to carry the votes (the optimizer skips it there).
-        ex = opt._mpinb_exchange if is_distributed(opt) else None
-        self._exchange = ex if ex is not None and ex.comm.Get_size() > 1 else None
+        ex = exchange_of(self.model.optimizer)
+        self._exchange = ex if ex is not None and ex.carries_votes else None
         if self._exchange is not None:
-            self._exchange.stop_requested = False
-            self._exchange.interrupt_requested = False
-            self._nonfinite_seen = self._exchange.nonfinite_steps
+            self._exchange.take_votes()  # votes of an earlier run are not this run's
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         if self._exchange is not None:
-            self._exchange.votes = (self.flag.value, self._pending)
+            self._exchange.votes = self._joint.votes
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        local_stop = bool(self.model.stop_training)
-        if local_stop:
+        if self.model.stop_training:
             # Another callback stopped this rank only: hold it back until every rank agrees.
             self.model.stop_training = False
-            self._pending = 1.0
-        ex = self._exchange
-        if ex is not None:
-            nonfinite = ex.check_finite and ex.nonfinite_steps != self._nonfinite_seen
-            interrupt, stop = ex.interrupt_requested, ex.stop_requested
-            ex.interrupt_requested = ex.stop_requested = False
+            self._joint.hold()
+        if self._exchange is not None:
+            votes = self._exchange.take_votes()
         else:
-            loss = (logs or {}).get("loss")
-            bad = loss is not None and not math.isfinite(float(np.asarray(loss)))
-            interrupt, stop, nonfinite = (
-                v > 0 for v in allreduce([np.array([self.flag.value, self._pending, float(bad)])], comm=self.comm)[0]
-            )
-        self._decide(interrupt, nonfinite, stop, batch)
+            votes = self._joint.vote((logs or {}).get("loss"))
+        interrupt, stop, nonfinite = votes
+        self.model.stop_training = self._joint.decide(interrupt, nonfinite, stop, self._epoch, batch)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        loss = (logs or {}).get("loss")
-        bad = loss is not None and not math.isfinite(float(np.asarray(loss)))
-        local = [self.flag.value, max(self._pending, float(bool(self.model.stop_training))), float(bad)]
-        interrupt, stop, nonfinite = (v > 0 for v in allreduce([np.array(local)], comm=self.comm)[0])
-        self.model.stop_training = False
-        self._decide(interrupt, nonfinite, stop, None)
+        interrupt, stop, nonfinite = self._joint.vote((logs or {}).get("loss"), bool(self.model.stop_training))
+        self.model.stop_training = self._joint.decide(interrupt, nonfinite, stop, self._epoch, None)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self.release()
@@ -286,33 +272,11 @@ class StopOnInterrupt(keras.callbacks.Callback):
 
     def release(self) -> None:
         """Give SIGINT back to its previous handler (idempotent; on_train_end calls it)."""
-        if self._entered:
-            self.flag.__exit__(None, None, None)
-            self._entered = False
+        self._joint.release()
 
     def raise_if_stopped(self) -> None:
         """Raise the error that matches ``stopped`` (the same on every rank); nothing otherwise."""
-        if self.stopped is None:
-            return
-        reason, epoch, step = self.stopped
-        where = f"epoch {epoch + 1}" + (f", step {step + 1}" if step >= 0 else " end")
-        if reason == "interrupt":
-            self.flag.raise_interrupt(f"training stopped at {where}")
-        if reason == "nonfinite":
-            raise FloatingPointError(
-                f"The loss or the averaged gradients became NaN or infinite at {where}; training "
-                "stopped on every rank. Lower the learning rate, clip gradients, or check the data."
-            )
-
-    def _decide(self, interrupt: bool, nonfinite: bool, stop: bool, batch: int | None) -> None:
-        if not (interrupt or nonfinite or stop) or self.stopped is not None:
-            if self.stopped is not None:
-                self.model.stop_training = True
-            return
-        reason = "interrupt" if interrupt else "nonfinite" if nonfinite else "callback"
-        self.stopped = (reason, self._epoch, -1 if batch is None else batch)
-        self.model.stop_training = True
-        self._pending = 0.0
+        self._joint.raise_if_stopped()
 
 
 def broadcast_state(model: Any, *, root: int = 0, comm: Any = None) -> None:
@@ -337,7 +301,7 @@ def broadcast_state(model: Any, *, root: int = 0, comm: Any = None) -> None:
     if comm.Get_size() == 1:
         return
     values = [np.array(v.numpy(), copy=True) for v in variables]
-    for v, value in zip(variables, _bcast_arrays(values, root=root, comm=comm)):
+    for v, value in zip(variables, bcast_arrays(values, root=root, comm=comm)):
         v.assign(value)
 
 
@@ -349,24 +313,3 @@ def sync_non_trainable(model: Any, *, comm: Any = None) -> None:
         return
     for v, value in zip(variables, average_arrays([v.numpy() for v in variables], comm=comm)):
         v.assign(value)
-
-
-def _bcast_arrays(values: list[np.ndarray], *, root: int, comm: Any) -> list[np.ndarray]:
-    """One buffer Bcast per dtype (layouts already checked identical on every rank)."""
-    plan = Layout([v.shape for v in values], [v.dtype for v in values])
-    is_root = comm.Get_rank() == root
-    buffers = plan.pack(values) if is_root else [np.empty(n, dtype) for n, dtype in zip(plan.lengths, plan.dtypes)]
-    return plan.views([bcast(buf, root=root, comm=comm) for buf in buffers])
-
-
-def _save(model: Any, filepath: str, epoch: int) -> None:
-    """Rank 0 only: write the model atomically, then the epoch record beside it."""
-    directory = os.path.dirname(os.path.abspath(filepath))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{filepath[:-len('.keras')]}.tmp-{os.getpid()}.keras"
-    model.save(tmp)
-    os.replace(tmp, filepath)
-    record = {"epoch": int(epoch), "saved_at": time.time()}
-    with open(f"{filepath}.json.tmp", "w") as fh:
-        json.dump(record, fh)
-    os.replace(f"{filepath}.json.tmp", f"{filepath}.json")

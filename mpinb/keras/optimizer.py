@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-import numpy as np
-
+from mpinb._training.exchange import GradientExchange
 from mpinb.errors import _check_int, _resolve
-from mpinb.keras._pack import Packer, sum_over_ranks
+from mpinb.keras import _compat
 
-__all__ = ["DistributedOptimizer", "is_distributed"]
+__all__ = ["DistributedOptimizer", "exchange_of", "is_distributed"]
 
 # One subclass per wrapped optimizer class, so wrapping twice gives the same class (isinstance and
 # Keras's own class checks keep working).
@@ -89,13 +87,14 @@ def DistributedOptimizer(optimizer: Any, *, accumulate_steps: int = 1, comm: Any
     cls = _distributed_class(type(optimizer))
     wrapped = cls.from_config(optimizer.get_config())
     if optimizer.built:
-        wrapped.build(_built_for(optimizer))
+        wrapped.build(_compat.built_for(optimizer))
         for mine, theirs in zip(wrapped.variables, optimizer.variables):
             mine.assign(theirs)
-    exchange = _Exchange(_resolve(comm))
-    exchange.accumulate = _check_int(accumulate_steps, "accumulate_steps", minimum=1)
-    exchange.check_finite = not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    wrapped._mpinb_exchange = exchange
+    wrapped._mpinb_exchange = TensorExchange(
+        _resolve(comm),
+        accumulate=_check_int(accumulate_steps, "accumulate_steps", minimum=1),
+        check_finite=not isinstance(optimizer, keras.optimizers.LossScaleOptimizer),
+    )
     return wrapped
 
 
@@ -107,10 +106,20 @@ def is_distributed(optimizer: Any) -> bool:
     return isinstance(optimizer, _AllreduceGradients)
 
 
+def exchange_of(optimizer: Any) -> TensorExchange | None:
+    """The gradient exchange of a DistributedOptimizer (its votes, timers and accumulation), or
+    ``None`` for any other optimizer. Local.
+
+    The one way to reach it: ``fit`` takes it here and hands it to what needs it, and
+    :class:`~mpinb.keras.StopOnInterrupt` takes it here at train begin.
+    """
+    return optimizer._mpinb_exchange if is_distributed(optimizer) else None
+
+
 class _AllreduceGradients:
     """Mixin placed in front of a Keras optimizer class: averages gradients inside ``apply``."""
 
-    _mpinb_exchange: _Exchange
+    _mpinb_exchange: TensorExchange
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         grads = list(grads)
@@ -126,7 +135,7 @@ class _AllreduceGradients:
         import tensorflow as tf
 
         ex = self._mpinb_exchange
-        variables = list(trainable_variables) if trainable_variables is not None else _built_for(self)
+        variables = list(trainable_variables) if trainable_variables is not None else _compat.built_for(self)
         sums, count = ex.sums_for(variables)
         for g, s in zip(grads, sums):
             if g is not None:
@@ -145,34 +154,17 @@ class _AllreduceGradients:
         return tf.cond(count % n == 0, update, lambda: tf.constant(False))
 
 
-class _Exchange:
-    """The per-optimizer MPI side of the hook: the reduction itself, control votes and timers.
-
-    Besides the gradients, the buffer carries three extra numbers, this rank's interrupt, stop and
-    non-finite-gradient votes, so that a collective stop (``StopOnInterrupt``) costs no extra
-    message: after each step every rank knows whether any rank asked to stop, or met a NaN or an
-    infinity, and stops at the same step.
+class TensorExchange(GradientExchange):
+    """The TensorFlow side of the gradient exchange: the step's gradients cross into NumPy once.
 
     The gradients travel as separate tensors into one ``tf.numpy_function`` and come back as
-    separate arrays: packing happens once, in NumPy, straight into a persistent MPI buffer (scaled
-    by ``1/size`` on the way in), and the results are views of that buffer. A concat and a split in
-    TensorFlow would each copy every gradient once more.
+    separate arrays: :meth:`GradientExchange.reduce` packs them once, in NumPy, straight into a
+    persistent MPI buffer, and returns views of it. A concat and a split in TensorFlow would each
+    copy every gradient once more.
     """
 
-    def __init__(self, comm: Any) -> None:
-        self.comm = comm
-        self.fused = True  # False: one Allreduce per variable (kept for the benchmark)
-        self.votes = (0.0, 0.0)  # this rank's (interrupt, stop) votes for the next step
-        self.interrupt_requested = False  # sticky until read: some rank voted in a reduced step
-        self.stop_requested = False
-        self.check_finite = True  # False under a LossScaleOptimizer, whose overflow steps are normal
-        self.nonfinite_steps = 0
-        self.seconds = 0.0  # in the exchange, waiting included
-        self.wait_seconds = 0.0  # of which waiting for the slowest rank to arrive
-        self.calls = 0
-        self.error: BaseException | None = None  # what interrupted the last exchange, for fit to raise
-        self.accumulate = 1  # local steps summed before one exchange
-        self._packers: dict[tuple, Packer] = {}
+    def __init__(self, comm: Any, *, accumulate: int = 1, check_finite: bool = True) -> None:
+        super().__init__(comm, accumulate=accumulate, check_finite=check_finite)
         self._sums: dict[tuple, tuple[list[Any], Any]] = {}
 
     def sums_for(self, variables: list[Any]) -> tuple[list[Any], Any]:
@@ -192,15 +184,16 @@ class _Exchange:
         return self._sums[key]
 
     def average(self, grads: list[Any]) -> list[Any]:
+        """The gradients averaged over the ranks, inside the traced step; ``None`` stays ``None``."""
         import tensorflow as tf
 
-        if _in_xla_context():
+        if _compat.in_xla_context():
             raise RuntimeError(
                 "mpinb's DistributedOptimizer cannot run inside an XLA-compiled step (its MPI "
                 "Allreduce is a Python call XLA cannot compile). Compile the model with "
                 "jit_compile=False; mpinb.keras.fit does this for you."
             )
-        if self.comm.Get_size() == 1:
+        if not self.carries_votes:
             return grads  # nothing to average: one rank trains exactly like plain Keras
         present = [i for i, g in enumerate(grads) if g is not None]
         # A None gradient (a variable the loss does not reach) is a property of the traced graph,
@@ -216,43 +209,12 @@ class _Exchange:
             dense.append(g)
         if not dense:
             return grads
-        calls = [dense] if self.fused else [[g] for g in dense]
-        reduced: list[Any] = []
-        for call in calls:
-            outs = tf.numpy_function(
-                self._reduce, call, [g.dtype for g in call], stateful=True, name="mpinb_allreduce"
-            )
-            for g, out in zip(call, outs):
-                out.set_shape(g.shape)
-                reduced.append(out)
+        reduced = tf.numpy_function(self.reduce, dense, [g.dtype for g in dense], stateful=True, name="mpinb_allreduce")
         out_grads = list(grads)
-        for i, r in zip(present, reduced):
+        for i, g, r in zip(present, dense, reduced):
+            r.set_shape(g.shape)
             out_grads[i] = r if r.dtype == grads[i].dtype else tf.cast(r, grads[i].dtype)
         return out_grads
-
-    def _reduce(self, *grads: np.ndarray) -> list[np.ndarray]:
-        """Runs on a TensorFlow thread once per step (or per variable when unfused)."""
-        t0 = time.perf_counter()
-        key = tuple((g.shape, g.dtype.str) for g in grads)
-        packer = self._packers.get(key)
-        if packer is None:
-            packer = self._packers[key] = Packer(grads)
-        bufs = packer.fill(grads, 1.0 / self.comm.Get_size(), self.votes)
-        try:
-            self.wait_seconds += sum_over_ranks(bufs, packer.layout, self.comm, "gradient exchange")
-        except BaseException as err:
-            # TensorFlow re-raises errors from inside a step as its own UnknownError; keep the
-            # original (a CollectiveTimeout naming the missing rank) for mpinb.keras.fit to raise.
-            self.error = err
-            raise
-        interrupt, stop, nonfinite = bufs.buffers[0][-3:]
-        self.interrupt_requested |= bool(interrupt > 0)
-        self.stop_requested |= bool(stop > 0)
-        if nonfinite > 0:
-            self.nonfinite_steps += 1
-        self.seconds += time.perf_counter() - t0
-        self.calls += 1
-        return packer.unpack(bufs)
 
 
 def _distributed_class(base: type) -> type:
@@ -269,82 +231,6 @@ def _distributed_class(base: type) -> type:
     Distributed.__qualname__ = base.__qualname__
     Distributed.__module__ = base.__module__
     Distributed.__doc__ = base.__doc__
-    _serialise_as(base, Distributed)
+    _compat.serialise_as(base, Distributed)
     _CLASSES[base] = Distributed
     return Distributed
-
-
-def _serialise_as(base: type, cls: type) -> None:
-    """Make Keras serialise ``cls`` exactly as ``base``, while loading still gives ``base``.
-
-    Keras writes a class under a custom name given by ``keras.saving.register_keras_serializable``
-    ("package>Name"), under the exported API name for its own classes ("keras.optimizers" /
-    "SGD"), or else under its module and class name, which ``cls`` already shares with ``base``.
-    """
-    import keras
-
-    name = keras.saving.get_registered_name(base)  # the bare class name when not registered
-    if ">" in name:
-        package, _, short = name.partition(">")
-        # Registering writes both directions: cls -> name (wanted: the wrapper saves under base's
-        # name) and name -> cls (not wanted: a reloaded model must get the plain base, which has no
-        # MPI exchange). get_custom_objects() is Keras's live name -> class dict; put it back.
-        objects = keras.saving.get_custom_objects()
-        previous = objects.get(name)
-        keras.saving.register_keras_serializable(package, short)(cls)
-        if previous is None:
-            objects.pop(name, None)
-        else:
-            objects[name] = previous
-    _alias_exported_name(base, cls)
-
-
-def _alias_exported_name(base: type, cls: type) -> None:
-    """Give ``cls`` the exported API name of ``base`` (``keras.optimizers.SGD``), if it has one.
-
-    Private Keras API, confined here: Keras looks the exported name up by class object in
-    ``keras.src.api_export.REGISTERED_OBJS_TO_NAMES``, which no public function sets. Only the
-    class -> name direction is written, so loading that name still gives ``base``. Fallback, if the
-    registry moves: ``cls`` is written under ``base``'s module path
-    (``keras.src.optimizers.sgd.SGD``), which plain Keras also loads as ``base``.
-    """
-    try:
-        from keras.src import api_export
-
-        names = api_export.REGISTERED_OBJS_TO_NAMES
-    except (ImportError, AttributeError):
-        return
-    if isinstance(names, dict) and base in names:
-        names[cls] = names[base]
-
-
-def _built_for(optimizer: Any) -> list[Any]:
-    """The model variables a built ``optimizer`` was built for, to build its wrapper for the same.
-
-    Private Keras API, confined here: ``build(variables)`` is public but nothing public gives the
-    list back; Keras keeps it in ``_trainable_variables``. Fallback, if that moves: a clear error
-    asking for the optimizer to be wrapped before it is built, when there is no state to copy.
-    """
-    variables = getattr(optimizer, "_trainable_variables", None)
-    if variables is None:
-        raise RuntimeError(
-            f"DistributedOptimizer cannot copy the state of an already built {type(optimizer).__name__} "
-            "with this Keras version; wrap the optimizer before training, e.g. "
-            "model.compile(optimizer=DistributedOptimizer(keras.optimizers.Adam(1e-3)), ...)."
-        )
-    return list(variables)
-
-
-def _in_xla_context() -> bool:
-    """Whether the step being traced is XLA-compiled (``jit_compile=True``).
-
-    Private TensorFlow API, confined here: TensorFlow has no public test for it. Fallback, if the
-    helper moves: ``False``, so there is no early check and XLA itself refuses the Python call.
-    """
-    try:
-        import tensorflow as tf
-        from tensorflow.python.ops import control_flow_util
-
-        return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
-    except Exception:  # noqa: BLE001 - a missing private helper just means no early check
-        return False

@@ -1,7 +1,7 @@
-"""Framework-neutral pieces of sharded training: batch plans and averaging over NumPy arrays.
+"""Averaging and summing NumPy arrays over ranks: model state, metric states and epoch logs.
 
-Nothing here imports Keras or TensorFlow; the Keras glue in this package turns variables into NumPy
-arrays, calls these helpers, and writes the results back.
+Collective. A framework's glue turns its variables into NumPy arrays, calls these, and writes the
+results back.
 """
 
 from __future__ import annotations
@@ -12,35 +12,9 @@ import numpy as np
 
 from mpinb.comm import allreduce, gather_rows
 from mpinb.errors import check_same
-from mpinb.keras._pack import Packer, sum_over_ranks
+from mpinb._training.packing import Packer, sum_over_ranks
 
-__all__ = ["ArrayAverager", "average_arrays", "epoch_batches", "gather_logs", "steps_per_epoch", "sum_arrays"]
-
-
-def steps_per_epoch(counts: Sequence[int], per_rank_batch: int) -> int:
-    """Steps every rank can run in one epoch: the fewest full per-rank batches on any rank.
-
-    Local (given every rank's row count). Each rank drops the rows beyond ``steps * per_rank_batch``;
-    with shuffling a different subset is dropped each epoch. Running the same number of steps on
-    every rank is what keeps the per-step gradient Allreduce from hanging.
-    """
-    return int(min(int(c) // int(per_rank_batch) for c in counts))
-
-
-def epoch_batches(
-    n_local: int, *, per_rank_batch: int, steps: int, epoch: int, seed: int, rank: int, shuffle: bool
-) -> np.ndarray:
-    """Row indices of this rank's batches for one epoch, shape ``(steps, per_rank_batch)``.
-
-    Local. The permutation depends on ``(seed, epoch, rank)`` only, so it is reproducible, differs
-    between epochs and ranks, and needs no communication (the seed itself is shared).
-    """
-    used = steps * per_rank_batch
-    if shuffle:
-        order = np.random.default_rng([int(seed), int(epoch), int(rank)]).permutation(n_local)[:used]
-    else:
-        order = np.arange(used)
-    return order.astype(np.int64).reshape(steps, per_rank_batch)
+__all__ = ["ArrayAverager", "average_arrays", "gather_logs", "sum_arrays"]
 
 
 def average_arrays(arrays: Sequence[np.ndarray], *, comm: Any) -> list[np.ndarray]:

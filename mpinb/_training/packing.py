@@ -1,17 +1,19 @@
-"""Packing a step's gradients into reused MPI buffers, scaled and checked in one pass."""
+"""Packing many arrays into one buffer per dtype for a collective: a step's gradients into reused,
+aligned buffers (scaled and checked in one pass), or a model's state into tight buffers to broadcast."""
 
 from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from mpinb import _collective, _numba
 from mpinb._layout import Layout
+from mpinb.comm import bcast
 
-__all__ = ["Packer", "sum_over_ranks"]
+__all__ = ["Packer", "bcast_arrays", "sum_over_ranks"]
 
 
 class Packer:
@@ -33,7 +35,6 @@ class Packer:
         # What every rank must agree on before summing: the buffers' lengths and dtypes.
         self.layout = tuple((n, d.str) for n, d in zip(self.plan.lengths, self.plan.dtypes))
         self._sets: list[_BufferSet] = []
-        self.allocations = 0
 
     def fill(self, grads: tuple[np.ndarray, ...], scale: float, votes: tuple[float, float]) -> _BufferSet:
         """Copy ``grads * scale`` into an idle set of buffers, then this rank's votes: interrupt,
@@ -62,7 +63,6 @@ class Packer:
             if all(ref() is None for ref in bufs.lent):
                 return bufs
         bufs = _BufferSet(self.plan.lengths, self.plan.dtypes, self._ALIGN)
-        self.allocations += 1
         if len(self._sets) < self._KEEP:
             self._sets.append(bufs)
         return bufs
@@ -80,6 +80,18 @@ def sum_over_ranks(bufs: _BufferSet, layout: Any, comm: Any, name: str) -> float
     with _collective.collective(comm, name, layout, what=f"{name}'s buffer layout") as call:
         call.allreduce(bufs.buffers, "sum")
     return call.waited
+
+
+def bcast_arrays(values: Sequence[np.ndarray], *, root: int, comm: Any) -> list[np.ndarray]:
+    """Root's ``values`` on every rank, with one buffer broadcast per dtype.
+
+    Collective. The layouts must already be known to be identical on every rank (the caller checks
+    the shapes and dtypes first): the other ranks receive into empty buffers of root's layout.
+    """
+    plan = Layout([v.shape for v in values], [v.dtype for v in values])
+    is_root = comm.Get_rank() == root
+    buffers = plan.pack(values) if is_root else [np.empty(n, dtype) for n, dtype in zip(plan.lengths, plan.dtypes)]
+    return plan.views([bcast(buf, root=root, comm=comm) for buf in buffers])
 
 
 class _BufferSet:

@@ -1,0 +1,132 @@
+"""Batch plans: how many steps every rank runs per epoch, which rows each step takes, and how the
+steps group into executions, updates and weight averages.
+
+Every rank must run the same number of steps, or the per-step gradient exchange hangs; the counts
+here are agreed collectively (or every rank raises the same error), the rest is local arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from mpinb import _collective
+from mpinb.errors import check_all
+
+__all__ = [
+    "BatchPlan",
+    "check_accumulate",
+    "epoch_batches",
+    "execution_boundary",
+    "plan_arrays",
+    "plan_stream",
+    "steps_per_epoch",
+    "steps_per_execution",
+]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The steps per epoch every rank runs, and for in-memory rows the per-rank batch and every
+    rank's row count (``None`` for a pipeline, whose batches are its own)."""
+
+    steps: int
+    per_rank: int | None = None
+    counts: tuple[int, ...] | None = None
+
+
+def plan_arrays(n_local: int, batch_size: int, requested: int | None, *, comm: Any) -> BatchPlan:
+    """The plan for ``n_local`` rows on this rank and a global ``batch_size`` (a multiple of the
+    number of ranks). Collective: every rank gets the same plan, or every rank raises."""
+    size = comm.Get_size()
+    per_rank = batch_size // size
+    counts = _collective.allgather(n_local, comm=comm, name="fit's row counts")
+    check_all(
+        n_local >= per_rank,
+        f"this rank holds {n_local} training rows, fewer than one per-rank batch of {per_rank} "
+        f"(batch_size={batch_size} over {size} ranks); give every rank at least {per_rank} rows or lower batch_size",
+        comm=comm,
+    )
+    steps = _agreed_steps(steps_per_epoch(counts, per_rank), requested, "full per-rank batches", comm)
+    return BatchPlan(steps, per_rank, tuple(int(c) for c in counts))
+
+
+def plan_stream(local: int | None, kind: str, requested: int | None, *, comm: Any) -> BatchPlan:
+    """The plan for a pipeline of ``kind`` yielding ``local`` batches per pass on this rank (``None``:
+    unknown or infinite): the fewest batches any rank's pipeline yields, or ``requested``.
+    Collective: every rank runs the same steps, or every rank raises."""
+    if requested is None:
+        check_all(local is not None,
+                  f"x is a {kind} of unknown or infinite length on this rank; pass steps_per_epoch= "
+                  "(the same on every rank)", comm=comm)
+        counts = _collective.allgather(local, comm=comm, name="fit's batches per rank")
+        check_all(min(counts) > 0, f"some rank's {kind} yields no batch (batches per rank: {counts})", comm=comm)
+        return BatchPlan(int(min(counts)))
+    check_all(local is None or local >= requested,
+              f"this rank's {kind} yields {local} batches per pass, fewer than steps_per_epoch={requested}",
+              comm=comm)
+    return BatchPlan(requested)
+
+
+def steps_per_epoch(counts: Sequence[int], per_rank_batch: int) -> int:
+    """Steps every rank can run in one epoch: the fewest full per-rank batches on any rank.
+
+    Local (given every rank's row count). Each rank drops the rows beyond ``steps * per_rank_batch``;
+    with shuffling a different subset is dropped each epoch. Running the same number of steps on
+    every rank is what keeps the per-step gradient Allreduce from hanging.
+    """
+    return int(min(int(c) // int(per_rank_batch) for c in counts))
+
+
+def epoch_batches(
+    n_local: int, *, per_rank_batch: int, steps: int, epoch: int, seed: int, rank: int, shuffle: bool
+) -> np.ndarray:
+    """Row indices of this rank's batches for one epoch, shape ``(steps, per_rank_batch)``.
+
+    Local. The permutation depends on ``(seed, epoch, rank)`` only, so it is reproducible, differs
+    between epochs and ranks, and needs no communication (the seed itself is shared).
+    """
+    used = steps * per_rank_batch
+    if shuffle:
+        order = np.random.default_rng([int(seed), int(epoch), int(rank)]).permutation(n_local)[:used]
+    else:
+        order = np.arange(used)
+    return order.astype(np.int64).reshape(steps, per_rank_batch)
+
+
+def check_accumulate(accumulate: int, steps: int) -> None:
+    """Local: gradient accumulation must end every epoch on an update."""
+    if steps % accumulate:
+        raise ValueError(
+            f"accumulate_steps={accumulate} must divide the {steps} steps per epoch, so that every epoch ends "
+            "on an update; change batch_size, steps_per_epoch or accumulate_steps."
+        )
+
+
+def execution_boundary(steps: int, strategy: str, average_every: int) -> int:
+    """The steps an execution must divide: the epoch's, and for the weight strategy also the steps
+    between two weight averages (which happen between executions). Local."""
+    return math.gcd(steps, average_every) if strategy == "weights" else steps
+
+
+def steps_per_execution(requested: int, steps: int) -> int:
+    """The largest number of steps per execution, at most ``requested``, that divides ``steps``
+    (steps per epoch, or the steps between two weight averages). Local.
+
+    A framework that runs whole executions (Keras's ``steps_per_execution``) would otherwise let the
+    last execution of an epoch take batches from the next epoch (and the last epoch come up short),
+    so epoch-end callbacks would see the wrong steps.
+    """
+    return max(d for d in range(1, max(1, min(requested, steps)) + 1) if steps % d == 0)
+
+
+def _agreed_steps(available: int, requested: int | None, what: str, comm: Any) -> int:
+    """``steps_per_epoch`` when given (at most what every rank has), else what every rank has."""
+    if requested is None:
+        return available
+    check_all(available >= requested,
+              f"steps_per_epoch={requested} is more than the {available} {what} every rank has", comm=comm)
+    return requested

@@ -1,0 +1,87 @@
+"""In-memory training rows as ``fit`` input: an array, or a list/tuple/dict of arrays (multi-input
+models), checked, indexed and fed to Keras as a tf.data pipeline in each epoch's batch order.
+
+Local. The nesting is Keras's own (``keras.tree``), so any structure Keras accepts as model inputs
+is indexed leaf by leaf.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from mpinb._training.plan import BatchPlan, epoch_batches
+
+__all__ = ["as_arrays", "check_finite_inputs", "check_xy", "dataset", "dummy_row", "length", "take"]
+
+
+def as_arrays(data: Any) -> Any:
+    """``data`` with every leaf a NumPy array. A list or tuple is a structure of inputs only when
+    every item is an array; otherwise (a list of numbers, say) it is one array, as NumPy reads it."""
+    if isinstance(data, (list, tuple)) and not (data and all(hasattr(v, "shape") for v in data)):
+        return np.asarray(data)
+    return keras.tree.map_structure(np.asarray, data)
+
+
+def length(data: Any) -> int:
+    """The number of rows, which every leaf must share along axis 0."""
+    lengths = {len(leaf) if leaf.ndim else -1 for leaf in keras.tree.flatten(as_arrays(data))}
+    if len(lengths) != 1 or -1 in lengths:
+        raise ValueError(f"every input array needs the same number of rows along axis 0; got lengths {sorted(lengths)}.")
+    return lengths.pop()
+
+
+def take(data: Any, idx: np.ndarray) -> Any:
+    """The rows ``idx`` of every leaf."""
+    return keras.tree.map_structure(lambda v: v[idx], as_arrays(data))
+
+
+def dummy_row(data: Any) -> Any:
+    """One row of zeros shaped like ``data``'s rows (for metric variables on an empty shard)."""
+    return keras.tree.map_structure(lambda v: np.zeros((1, *v.shape[1:]), dtype=v.dtype), as_arrays(data))
+
+
+def check_xy(x: Any, y: Any, xname: str, yname: str) -> int:
+    """The rows of ``x``, which ``y`` must match; raises otherwise."""
+    nx, ny = length(x), length(y)
+    if nx != ny:
+        raise ValueError(f"{xname} and {yname} must have the same number of rows; got {nx} and {ny}.")
+    return nx
+
+
+def check_finite_inputs(x: Any, y: Any) -> None:
+    for name, value in (("x", x), ("y", y)):
+        for leaf in keras.tree.flatten(as_arrays(value)):
+            if leaf.dtype.kind == "f" and not np.isfinite(leaf).all():
+                raise ValueError(f"{name} contains NaN or infinity; clean the data before training.")
+
+
+def dataset(x: Any, y: Any, n_local: int, plan: BatchPlan, first_epoch: int, epochs: int, seed: int, rank: int,
+            shuffle: bool) -> Any:
+    """A tf.data pipeline yielding exactly ``plan.steps`` batches per epoch, each epoch's order drawn
+    by :func:`~mpinb._training.plan.epoch_batches` (so it is NumPy-defined and reproducible),
+    gathered from tensors in memory."""
+    import tensorflow as tf
+
+    steps, per_rank = plan.steps, plan.per_rank
+    xt = keras.tree.map_structure(tf.convert_to_tensor, as_arrays(x))
+    yt = keras.tree.map_structure(tf.convert_to_tensor, as_arrays(y))
+
+    def order(epoch: np.ndarray) -> np.ndarray:
+        return epoch_batches(n_local, per_rank_batch=per_rank, steps=steps, epoch=int(epoch), seed=seed,
+                             rank=rank, shuffle=shuffle)
+
+    def epoch_indices(epoch: Any) -> Any:
+        idx = tf.numpy_function(order, [epoch], tf.int64, stateful=False)
+        return tf.data.Dataset.from_tensor_slices(tf.ensure_shape(idx, (steps, per_rank)))
+
+    def gather(idx: Any) -> Any:
+        return (keras.tree.map_structure(lambda t: tf.gather(t, idx), xt),
+                keras.tree.map_structure(lambda t: tf.gather(t, idx), yt))
+
+    return (tf.data.Dataset.range(first_epoch, epochs)
+            .flat_map(epoch_indices)
+            .map(gather, num_parallel_calls=1, deterministic=True)
+            .prefetch(2))

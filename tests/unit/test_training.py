@@ -1,0 +1,105 @@
+"""The framework-neutral training core in one process: batch plans, packing, stop decisions, checkpoint records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from counting import count_calls
+
+from mpinb._training import packing
+from mpinb._training.checkpoint import save_atomically, saved_epoch
+from mpinb._training.plan import epoch_batches, steps_per_epoch, steps_per_execution
+from mpinb._training.stopping import JointStop
+from mpinb.interrupt import StopFlag
+
+
+def test_the_core_imports_no_framework():
+    code = ("import pkgutil, importlib, sys, mpinb._training as core\n"
+            "for m in pkgutil.iter_modules(core.__path__): importlib.import_module(f'mpinb._training.{m.name}')\n"
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_epoch_batches_are_disjoint_reproducible_and_reshuffled():
+    a = epoch_batches(103, per_rank_batch=10, steps=10, epoch=0, seed=7, rank=1, shuffle=True)
+    assert a.shape == (10, 10) and len(np.unique(a)) == 100 and a.max() < 103
+    np.testing.assert_array_equal(a, epoch_batches(103, per_rank_batch=10, steps=10, epoch=0, seed=7, rank=1, shuffle=True))
+    assert not np.array_equal(a, epoch_batches(103, per_rank_batch=10, steps=10, epoch=1, seed=7, rank=1, shuffle=True))
+    assert not np.array_equal(a, epoch_batches(103, per_rank_batch=10, steps=10, epoch=0, seed=7, rank=2, shuffle=True))
+    np.testing.assert_array_equal(
+        epoch_batches(25, per_rank_batch=4, steps=3, epoch=5, seed=0, rank=0, shuffle=False), np.arange(12).reshape(3, 4)
+    )
+    assert steps_per_epoch([450, 449, 449, 449], 8) == 56
+    assert steps_per_epoch([100, 7], 8) == 0
+
+
+@pytest.mark.parametrize(("requested", "steps", "expected"), [(1, 28, 1), (4, 28, 4), (8, 28, 7), (8, 13, 1), (50, 28, 28), (6, 2, 2)])
+def test_steps_per_execution_divides_the_epoch(requested, steps, expected):
+    assert steps_per_execution(requested, steps) == expected
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+def test_packer_reuses_idle_buffers_and_never_overwrites_live_views(monkeypatch, compiled):
+    if not compiled:
+        monkeypatch.setattr(packing, "_scale_kernel", lambda: None)
+    allocations = count_calls(monkeypatch, packing, "_BufferSet")
+    grads = (np.ones((3, 5), np.float32), np.full(7, 2.0, np.float32), np.arange(4.0))
+    packer = packing.Packer(grads)
+    first = packer.fill(grads, 0.5, (1.0, 0.0))
+    views = packer.unpack(first)
+    first = first.buffers
+    assert all(v.ctypes.data % 64 == 0 for v in views)  # TensorFlow wraps aligned arrays without a copy
+    np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
+    np.testing.assert_array_equal(views[2], np.arange(4.0) / 2)
+    assert first[0][-3:].tolist() == [1.0, 0.0, 0.0]  # votes ride at the end of the first buffer
+    second = packer.fill(grads, 0.25, (0.0, 0.0))  # `views` still alive: a new set of buffers
+    assert second.buffers[0].ctypes.data != first[0].ctypes.data
+    np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
+    del views
+    packer.unpack(second)  # dropped at once, like a step's views once TensorFlow is done with them
+    packer.fill(grads, 1.0, (0.0, 0.0))  # everything released: an old set is reused
+    assert len(allocations) == 2
+    for bad in (np.nan, np.inf, -np.inf):
+        broken = (grads[0], np.array([1, 2, bad, 4, 5, 6, 7], np.float32), grads[2])
+        assert packer.fill(broken, 1.0, (0.0, 0.0)).buffers[0][-1] == 1.0  # this rank's non-finite vote
+    assert packer.fill(grads, 1.0, (0.0, 1.0)).buffers[0][-3:].tolist() == [0.0, 1.0, 0.0]
+
+
+def test_joint_stop_keeps_the_first_reason_and_raises_it():
+    joint = JointStop(StopFlag(), comm=None)  # decide and raise are local: no communicator needed
+    assert not joint.decide(False, False, False, 0, 3) and joint.stopped is None
+    joint.hold()
+    assert joint.votes == (0.0, 1.0)
+    assert joint.decide(False, False, True, 1, 4) and joint.stopped == ("callback", 1, 4)
+    assert joint.votes == (0.0, 0.0)  # the held request is spent
+    assert joint.decide(True, True, False, 2, None) and joint.stopped == ("callback", 1, 4)
+    joint.raise_if_stopped()  # a callback's stop is no error
+    joint.stopped = None
+    joint.decide(False, True, True, 0, None)
+    with pytest.raises(FloatingPointError, match="NaN or infinite at epoch 1 end"):
+        joint.raise_if_stopped()
+    joint.stopped = None
+    joint.decide(True, True, True, 2, 6)
+    with pytest.raises(KeyboardInterrupt, match="training stopped at epoch 3, step 7"):
+        joint.raise_if_stopped()
+
+
+def test_checkpoint_record_follows_a_complete_file(tmp_path):
+    path = str(tmp_path / "sub" / "m.keras")
+    assert saved_epoch(path) is None
+
+    def write(tmp):
+        assert tmp.endswith(".keras") and tmp != path
+        with open(tmp, "w") as fh:
+            fh.write("model")
+
+    save_atomically(write, path, 4)
+    assert saved_epoch(path) == 4 and json.loads(open(f"{path}.json").read())["epoch"] == 4
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["m.keras", "m.keras.json"]
+    (tmp_path / "sub" / "m.keras.json").unlink()
+    with pytest.raises(FileNotFoundError, match="epoch record"):
+        saved_epoch(path)
