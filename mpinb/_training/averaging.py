@@ -10,9 +10,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mpinb.comm import allreduce, gather_rows
-from mpinb.errors import check_same
 from mpinb._training.packing import Packer, sum_over_ranks
+from mpinb.agreement import check_same
+from mpinb.comm import allreduce, gather_rows
 
 __all__ = ["ArrayAverager", "average_arrays", "gather_logs", "sum_arrays"]
 

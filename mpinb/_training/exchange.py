@@ -71,7 +71,7 @@ class GradientExchange:
             # UnknownError); keep the original (a CollectiveTimeout naming the missing rank).
             self.error = err
             raise
-        interrupt, stop, nonfinite = bufs.buffers[0][-3:]
+        interrupt, stop, nonfinite = bufs[0][-3:]
         self._interrupt |= bool(interrupt > 0)
         self._stop |= bool(stop > 0)
         self._nonfinite |= bool(nonfinite > 0)

@@ -4,13 +4,12 @@ aligned buffers (scaled and checked in one pass), or a model's state into tight 
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
 from mpinb import _collective, _numba
-from mpinb._layout import Layout
+from mpinb._layout import BufferPool, Layout
 from mpinb.comm import bcast
 
 __all__ = ["Packer", "bcast_arrays", "sum_over_ranks"]
@@ -20,10 +19,10 @@ class Packer:
     """Lays gradients of one fixed set of shapes out in one buffer per dtype, and reuses buffers.
 
     Each gradient starts on a 64-byte boundary, so TensorFlow wraps the returned views without
-    copying them. A buffer can only be refilled once TensorFlow has dropped every view of it (weak
-    references to the views tell): with ``steps_per_execution > 1`` TensorFlow holds one step's
-    views into the next, so a few sets of buffers take turns, and a new set is made only when all
-    of them are still in use.
+    copying them. A set of buffers is refilled only once TensorFlow has dropped every view of it
+    (:class:`~mpinb._layout.BufferPool` tells): with ``steps_per_execution > 1`` TensorFlow holds one
+    step's views into the next, so a few sets take turns, and a new set is made only when all of
+    them are still in use.
     """
 
     _ALIGN = 64
@@ -34,9 +33,10 @@ class Packer:
         self.plan = Layout([g.shape for g in grads], [g.dtype for g in grads], align=self._ALIGN, extra=3)
         # What every rank must agree on before summing: the buffers' lengths and dtypes.
         self.layout = tuple((n, d.str) for n, d in zip(self.plan.lengths, self.plan.dtypes))
-        self._sets: list[_BufferSet] = []
+        # Zeroed when made: the padding between gradients is summed with the other ranks' zeros.
+        self._pool = BufferPool(self.plan.lengths, self.plan.dtypes, align=self._ALIGN, keep=self._KEEP)
 
-    def fill(self, grads: tuple[np.ndarray, ...], scale: float, votes: tuple[float, float]) -> _BufferSet:
+    def fill(self, grads: tuple[np.ndarray, ...], scale: float, votes: tuple[float, float]) -> list[np.ndarray]:
         """Copy ``grads * scale`` into an idle set of buffers, then this rank's votes: interrupt,
         stop, and whether any of its gradients is NaN or infinite (checked in the same pass).
 
@@ -45,30 +45,20 @@ class Packer:
         gradients (rather than scanning the sum) costs no extra pass; a sum of finite values that
         overflows is caught one step later, by the gradients of the loss it makes infinite.
         """
-        bufs = self._idle_set()
+        bufs = self._pool.take()
         finite = True
         for g, (b, start, stop) in zip(grads, self.plan.slots):
-            dst = bufs.buffers[b][start:stop]
+            dst = bufs[b][start:stop]
             finite &= _scale_into(g.reshape(-1), dst.dtype.type(scale), dst)
-        bufs.buffers[0][-3:] = (*votes, 0.0 if finite else 1.0)
+        bufs[0][-3:] = (*votes, 0.0 if finite else 1.0)
         return bufs
 
-    def unpack(self, bufs: _BufferSet) -> list[np.ndarray]:
-        views = self.plan.views(bufs.buffers)
-        bufs.lent = [weakref.ref(v) for v in views]
-        return views
-
-    def _idle_set(self) -> _BufferSet:
-        for bufs in self._sets:
-            if all(ref() is None for ref in bufs.lent):
-                return bufs
-        bufs = _BufferSet(self.plan.lengths, self.plan.dtypes, self._ALIGN)
-        if len(self._sets) < self._KEEP:
-            self._sets.append(bufs)
-        return bufs
+    def unpack(self, bufs: list[np.ndarray]) -> list[np.ndarray]:
+        """Each gradient as a view of ``bufs`` (the set stays in use while any view lives)."""
+        return self.plan.views(bufs)
 
 
-def sum_over_ranks(bufs: _BufferSet, layout: Any, comm: Any, name: str) -> float:
+def sum_over_ranks(bufs: list[np.ndarray], layout: Any, comm: Any, name: str) -> float:
     """Sum each buffer of ``bufs`` over the ranks, in place; returns the seconds spent waiting.
 
     Collective, through mpinb's collective layer: the arrival message (which also checks that
@@ -78,7 +68,7 @@ def sum_over_ranks(bufs: _BufferSet, layout: Any, comm: Any, name: str) -> float
     hang.
     """
     with _collective.collective(comm, name, layout, what=f"{name}'s buffer layout") as call:
-        call.allreduce(bufs.buffers, "sum")
+        call.allreduce(bufs, "sum")
     return call.waited
 
 
@@ -92,19 +82,6 @@ def bcast_arrays(values: Sequence[np.ndarray], *, root: int, comm: Any) -> list[
     is_root = comm.Get_rank() == root
     buffers = plan.pack(values) if is_root else [np.empty(n, dtype) for n, dtype in zip(plan.lengths, plan.dtypes)]
     return plan.views([bcast(buf, root=root, comm=comm) for buf in buffers])
-
-
-class _BufferSet:
-    """One aligned buffer per dtype, and weak references to the views of it lent to TensorFlow."""
-
-    def __init__(self, lengths: list[int], dtypes: list[np.dtype], align: int) -> None:
-        self.buffers: list[np.ndarray] = []
-        for n, dtype in zip(lengths, dtypes):
-            # Zeroed: the padding between gradients is summed with the other ranks' zeros.
-            raw = np.zeros(n * dtype.itemsize + align, np.uint8)
-            offset = -raw.ctypes.data % align
-            self.buffers.append(raw[offset : offset + n * dtype.itemsize].view(dtype))
-        self.lent: list[weakref.ref] = []
 
 
 def _scale_into(src: np.ndarray, scale: Any, dst: np.ndarray) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from mpinb import _collective
-from mpinb.errors import check_all
+from mpinb.agreement import check_all
 
 __all__ = [
     "BatchPlan",

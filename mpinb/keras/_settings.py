@@ -7,7 +7,7 @@ from typing import Any
 
 import keras
 
-from mpinb.errors import _check_int
+from mpinb._checks import check_int
 from mpinb.keras._inputs import Stream
 
 __all__ = ["FitSettings"]
@@ -34,7 +34,7 @@ class FitSettings:
     def check(self, size: int, callbacks: list[Any], stream: Stream | None) -> None:
         """Local checks, with the messages users see on every rank."""
         if self.steps_per_epoch is not None:
-            _check_int(self.steps_per_epoch, "steps_per_epoch", minimum=1)
+            check_int(self.steps_per_epoch, "steps_per_epoch", minimum=1)
         if stream is not None:
             if self.batch_size is not None:
                 raise ValueError(
@@ -43,12 +43,12 @@ class FitSettings:
                 )
         else:
             self._check_batch_size(size)
-        _check_int(self.epochs, "epochs", minimum=0)
+        check_int(self.epochs, "epochs", minimum=0)
         if self.strategy not in _STRATEGIES:
             raise ValueError(f"strategy must be 'gradients' or 'weights'; got {self.strategy!r}.")
-        _check_int(self.average_every, "average_every", minimum=1, unit="number of steps")
+        check_int(self.average_every, "average_every", minimum=1, unit="number of steps")
         if self.accumulate_steps is not None:
-            _check_int(self.accumulate_steps, "accumulate_steps", minimum=1)
+            check_int(self.accumulate_steps, "accumulate_steps", minimum=1)
             if self.accumulate_steps > 1 and self.strategy == "weights":
                 raise ValueError("accumulate_steps sums gradients before they are averaged: use it with "
                                  "strategy='gradients' (the weight strategy averages weights, not gradients).")
@@ -61,7 +61,7 @@ class FitSettings:
     def _check_batch_size(self, size: int) -> None:
         if self.batch_size is None:
             raise ValueError("batch_size is required with in-memory arrays: the global batch over all ranks.")
-        _check_int(self.batch_size, "batch_size", minimum=1, unit="(the global batch over all ranks)")
+        check_int(self.batch_size, "batch_size", minimum=1, unit="(the global batch over all ranks)")
         if self.batch_size % size:
             lower = max(size, self.batch_size // size * size)
             raise ValueError(

@@ -8,11 +8,12 @@ from typing import Any
 import keras
 import numpy as np
 
+from mpinb._checks import check_int, default_comm
 from mpinb._training.averaging import average_arrays, gather_logs
 from mpinb._training.packing import bcast_arrays
 from mpinb._training.stopping import JointStop
+from mpinb.agreement import check_same
 from mpinb.comm import on_root
-from mpinb.errors import _check_int, _resolve, check_same
 from mpinb.interrupt import StopFlag
 from mpinb.keras._checkpoint import save
 from mpinb.keras.optimizer import exchange_of
@@ -47,7 +48,7 @@ class BroadcastInitialState(keras.callbacks.Callback):
     def __init__(self, root: int = 0, *, comm: Any = None) -> None:
         super().__init__()
         self.root = root
-        self.comm = _resolve(comm)
+        self.comm = default_comm(comm)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.broadcast(self.model)
@@ -76,7 +77,7 @@ class MetricAverage(keras.callbacks.Callback):
 
     def __init__(self, *, comm: Any = None) -> None:
         super().__init__()
-        self.comm = _resolve(comm)
+        self.comm = default_comm(comm)
         self.rank_logs: list[dict[str, float]] = []
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -98,7 +99,7 @@ class SyncNonTrainable(keras.callbacks.Callback):
 
     def __init__(self, *, comm: Any = None) -> None:
         super().__init__()
-        self.comm = _resolve(comm)
+        self.comm = default_comm(comm)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         sync_non_trainable(self.model, comm=self.comm)
@@ -130,7 +131,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
             raise ValueError(f"start_factor must be in (0, 1]; got {start_factor!r}.")
         self.warmup_epochs = warmup_epochs
         self.start_factor = start_factor
-        self.comm = _resolve(comm)
+        self.comm = default_comm(comm)
         self._target: float | None = None
         self._epoch = 0
 
@@ -180,10 +181,10 @@ class RootCheckpoint(keras.callbacks.Callback):
         filepath = os.fspath(filepath)
         if not filepath.endswith(".keras"):
             raise ValueError(f"RootCheckpoint saves the native Keras format: filepath must end in .keras; got {filepath!r}.")
-        _check_int(every, "every", minimum=1, unit="number of epochs")
+        check_int(every, "every", minimum=1, unit="number of epochs")
         self.filepath = filepath
         self.every = every
-        self.comm = _resolve(comm)
+        self.comm = default_comm(comm)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         last = epoch + 1 >= (self.params or {}).get("epochs", epoch + 1)
@@ -219,7 +220,7 @@ class StopOnInterrupt(keras.callbacks.Callback):
     def __init__(self, flag: StopFlag | None = None, *, raise_errors: bool = True, comm: Any = None) -> None:
         super().__init__()
         self.raise_errors = raise_errors
-        self.comm = _resolve(comm)
+        self.comm = default_comm(comm)
         self._joint = JointStop(flag if flag is not None else StopFlag(), self.comm)
         self._epoch = 0
         self._exchange: Any = None
@@ -285,7 +286,7 @@ def broadcast_state(model: Any, *, root: int = 0, comm: Any = None) -> None:
     Collective. Shapes and dtypes are checked first: a model that differs across ranks raises
     :class:`~mpinb.CollectiveMismatchError` on every rank.
     """
-    comm = _resolve(comm)
+    comm = default_comm(comm)
     if not model.built:
         raise ValueError(
             "The model has no weights yet; build it (keras.Input(...) as first layer, or call it on "
@@ -307,7 +308,7 @@ def broadcast_state(model: Any, *, root: int = 0, comm: Any = None) -> None:
 
 def sync_non_trainable(model: Any, *, comm: Any = None) -> None:
     """Average the model's floating-point non-trainable variables over ranks. Collective."""
-    comm = _resolve(comm)
+    comm = default_comm(comm)
     variables = [v for v in model.non_trainable_variables if np.dtype(str(v.dtype)).kind == "f"]
     if comm.Get_size() == 1 or not variables:
         return

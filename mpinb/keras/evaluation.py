@@ -6,9 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from mpinb._checks import check_int, default_comm
 from mpinb._training.averaging import sum_arrays
+from mpinb.agreement import raise_together
 from mpinb.comm import allreduce
-from mpinb.errors import _check_int, _resolve, raise_together
 from mpinb.keras._arrays import check_xy, dummy_row
 
 __all__ = ["evaluate", "global_evaluate"]
@@ -44,9 +45,9 @@ def evaluate(model: Any, x: Any, y: Any, *, batch_size: int = 32, comm: Any = No
     >>> scores = mpinb.keras.evaluate(model, X_test_local, y_test_local)
     >>> scores["accuracy"]
     """
-    comm = _resolve(comm)
+    comm = default_comm(comm)
     with raise_together(comm=comm):
-        _check_int(batch_size, "batch_size", minimum=1)
+        check_int(batch_size, "batch_size", minimum=1)
         n_local = check_xy(x, y, "x", "y")
         if not getattr(model, "compiled", False):
             raise ValueError("evaluate needs a compiled model: call model.compile(loss=..., metrics=...) first.")

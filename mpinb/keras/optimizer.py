@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpinb._checks import check_int, default_comm
 from mpinb._training.exchange import GradientExchange
-from mpinb.errors import _check_int, _resolve
 from mpinb.keras import _compat
 
 __all__ = ["DistributedOptimizer", "exchange_of", "is_distributed"]
@@ -91,8 +91,8 @@ def DistributedOptimizer(optimizer: Any, *, accumulate_steps: int = 1, comm: Any
         for mine, theirs in zip(wrapped.variables, optimizer.variables):
             mine.assign(theirs)
     wrapped._mpinb_exchange = TensorExchange(
-        _resolve(comm),
-        accumulate=_check_int(accumulate_steps, "accumulate_steps", minimum=1),
+        default_comm(comm),
+        accumulate=check_int(accumulate_steps, "accumulate_steps", minimum=1),
         check_finite=not isinstance(optimizer, keras.optimizers.LossScaleOptimizer),
     )
     return wrapped

@@ -14,10 +14,11 @@ from typing import Any, Iterator
 import keras
 import numpy as np
 
+from mpinb._checks import default_comm
 from mpinb._training.plan import BatchPlan, check_accumulate, execution_boundary, plan_arrays, plan_stream
 from mpinb._training.plan import steps_per_execution as _steps_per_execution
+from mpinb.agreement import check_same, raise_together
 from mpinb.comm import limit_threads, on_root, threads_chosen
-from mpinb.errors import _resolve, check_same, raise_together
 from mpinb.keras import _arrays, _compat
 from mpinb.keras._checkpoint import resume as _resume
 from mpinb.keras._inputs import Stream, as_stream
@@ -164,7 +165,7 @@ def fit(
     >>> history = mpinb.keras.fit(model, X_local, y_local, batch_size=256, epochs=10)
     >>> history["loss"][-1], history["rank_loss"][-1]
     """
-    comm = _resolve(comm)
+    comm = default_comm(comm)
     user_callbacks = list(callbacks or [])
     stopper = next((cb for cb in user_callbacks if isinstance(cb, StopOnInterrupt)), None)
     if stopper is None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from counting import count_calls
 
+from mpinb import _layout
 from mpinb._training import packing
 from mpinb._training.checkpoint import save_atomically, saved_epoch
 from mpinb._training.plan import epoch_batches, steps_per_epoch, steps_per_execution
@@ -46,18 +47,17 @@ def test_steps_per_execution_divides_the_epoch(requested, steps, expected):
 def test_packer_reuses_idle_buffers_and_never_overwrites_live_views(monkeypatch, compiled):
     if not compiled:
         monkeypatch.setattr(packing, "_scale_kernel", lambda: None)
-    allocations = count_calls(monkeypatch, packing, "_BufferSet")
+    allocations = count_calls(monkeypatch, _layout, "_BufferSet")
     grads = (np.ones((3, 5), np.float32), np.full(7, 2.0, np.float32), np.arange(4.0))
     packer = packing.Packer(grads)
     first = packer.fill(grads, 0.5, (1.0, 0.0))
     views = packer.unpack(first)
-    first = first.buffers
     assert all(v.ctypes.data % 64 == 0 for v in views)  # TensorFlow wraps aligned arrays without a copy
     np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
     np.testing.assert_array_equal(views[2], np.arange(4.0) / 2)
     assert first[0][-3:].tolist() == [1.0, 0.0, 0.0]  # votes ride at the end of the first buffer
     second = packer.fill(grads, 0.25, (0.0, 0.0))  # `views` still alive: a new set of buffers
-    assert second.buffers[0].ctypes.data != first[0].ctypes.data
+    assert second[0].ctypes.data != first[0].ctypes.data
     np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
     del views
     packer.unpack(second)  # dropped at once, like a step's views once TensorFlow is done with them
@@ -65,8 +65,8 @@ def test_packer_reuses_idle_buffers_and_never_overwrites_live_views(monkeypatch,
     assert len(allocations) == 2
     for bad in (np.nan, np.inf, -np.inf):
         broken = (grads[0], np.array([1, 2, bad, 4, 5, 6, 7], np.float32), grads[2])
-        assert packer.fill(broken, 1.0, (0.0, 0.0)).buffers[0][-1] == 1.0  # this rank's non-finite vote
-    assert packer.fill(grads, 1.0, (0.0, 1.0)).buffers[0][-3:].tolist() == [0.0, 1.0, 0.0]
+        assert packer.fill(broken, 1.0, (0.0, 0.0))[0][-1] == 1.0  # this rank's non-finite vote
+    assert packer.fill(grads, 1.0, (0.0, 1.0))[0][-3:].tolist() == [0.0, 1.0, 0.0]
 
 
 def test_joint_stop_keeps_the_first_reason_and_raises_it():
