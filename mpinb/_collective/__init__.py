@@ -44,20 +44,20 @@ def channel(comm: Any = None) -> Channel:
 
 
 def collective(
-    comm: Any, name: str, layout: Any = None, *, timeout: Any = DEFAULT, votes: tuple[int, int] = (0, 0),
+    comm: Any, name: str, layout: Any = None, *, timeout: Any = DEFAULT, votes: tuple[int, ...] = (),
     what: str | None = None,
 ) -> Op:
     """Begin operation ``name``: use as ``with collective(comm, "allreduce", layout) as op:``.
 
     ``layout`` (hashable, with a deterministic ``repr``) must be equal on every rank; ``what``
-    names it in the mismatch error. ``votes`` are two non-negative integers whose maximum over the
-    ranks is ``op.votes`` once the ranks have arrived.
+    names it in the mismatch error. ``votes`` are up to three non-negative integers; each one's maximum over
+    the ranks is in ``op.votes`` (a 3-tuple) once the ranks have arrived.
     """
     return channel(comm).begin(name, layout, timeout=timeout, votes=votes, what=what)
 
 
 def reduce_in_place(buffers: Sequence[np.ndarray], op: str | Sequence[str] = "sum", *, comm: Any = None, name: str,
-                    timeout: Any = DEFAULT, votes: tuple[int, int] = (0, 0)) -> Op:
+                    timeout: Any = DEFAULT, votes: tuple[int, ...] = ()) -> Op:
     """Reduce each contiguous buffer over the ranks, in place: one operation, a message a buffer.
 
     ``op`` is one op for every buffer or one per buffer. ``votes`` ride in the arrival (see
@@ -138,7 +138,7 @@ def barrier(*, comm: Any = None, name: str, timeout: Any = DEFAULT, layout: Any 
 
 def vote(value: int, *, comm: Any = None, name: str, timeout: Any = DEFAULT) -> int:
     """The largest of every rank's non-negative ``value``: it rides in the arrival, no message of its own."""
-    with collective(comm, name, timeout=timeout, votes=(int(value), 0)) as call:
+    with collective(comm, name, timeout=timeout, votes=(int(value),)) as call:
         return call.votes[0]
 
 
@@ -150,7 +150,7 @@ def failures(report: Any, *, root: int | None = None, comm: Any = None, name: st
     only then do the reports travel (with ``root``, only root may fail and its report is broadcast).
     """
     with collective(comm, name, None if root is None else ("root", root), timeout=timeout,
-                    votes=(int(report is not None), 0)) as call:
+                    votes=(int(report is not None),)) as call:
         if not call.votes[0]:
             return {}
         if root is not None:

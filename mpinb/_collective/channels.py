@@ -100,7 +100,7 @@ class Channel:
             self._set_up("mpinb set-up", seconds, None if seconds is None else time.monotonic() + seconds)
 
     # -- operations -----------------------------------------------------------------------------
-    def begin(self, name: str, layout: Any = None, *, timeout: Any = DEFAULT, votes: tuple[int, int] = (0, 0),
+    def begin(self, name: str, layout: Any = None, *, timeout: Any = DEFAULT, votes: tuple[int, ...] = (),
               what: str | None = None) -> Op:
         seconds = resolve(timeout)  # checked at one rank too, so a bad value fails the same everywhere
         cell = cells.current()

@@ -1,12 +1,13 @@
 """One operation of the collective layer: its arrival, its messages, and how it gives up.
 
-An operation starts with its *arrival*: one ``Iallreduce(MIN)`` of eight integers: a digest of the
+An operation starts with its *arrival*: one ``Iallreduce(MIN)`` of nine integers: a digest of the
 operation's name and layout, the cell it belongs to and its place in the communicator's sequence,
-each beside its negation, and two votes. It is a barrier; a check that every rank called the same
+each beside its negation, and three votes (each arriving as its maximum over the ranks: a stop
+decision needs no message of its own). It is a barrier; a check that every rank called the same
 collective with the same shapes and dtypes (a mismatch raises the same ``CollectiveMismatchError``
 everywhere, before any data moves), from the same cell and at the same place (a collective of an
 earlier cell never pairs with one of a later cell: the earlier one raises and the later one runs
-again on a fresh communicator); and a free boolean vote (``check_all``), in one small message. The
+again on a fresh communicator); and free votes (``check_all``), in one small message. The
 data then move with non-blocking calls. The wire protocol is the same with and without a deadline.
 """
 
@@ -48,11 +49,13 @@ class Op:
                  "votes", "waited", "settled", "began", "notice_at")
 
     def __init__(self, chan: Channel, gen: Gen | None, name: str, digest: int, index: int, cell: int,
-                 timeout: float | None, deadline: float | None, votes: tuple[int, int]) -> None:
+                 timeout: float | None, deadline: float | None, votes: tuple[int, ...]) -> None:
         self.chan, self.gen, self.name, self.digest, self.index, self.cell = chan, gen, name, digest, index, cell
         self.comm = None if gen is None else gen.comm
         self.timeout, self.deadline = timeout, deadline
-        self.my_votes = self.votes = votes
+        if len(votes) > VOTES or min(votes, default=0) < 0:
+            raise ValueError(f"an operation carries up to {VOTES} non-negative votes; got {votes!r}.")
+        self.my_votes = self.votes = tuple(int(v) for v in votes) + (0,) * (VOTES - len(votes))
         self.waited = 0.0
         self.settled = False
         self.began = time.monotonic()
@@ -196,7 +199,7 @@ class Op:
     def arrive(self, layout: Any, what: str | None) -> None:
         digest = self.digest
         header = np.array([digest, -digest, self.cell, -self.cell, self.index, -self.index,
-                           -self.my_votes[0], -self.my_votes[1]], dtype=np.int64)
+                           *(-v for v in self.my_votes)], dtype=np.int64)
         t0 = time.perf_counter()
         self._wait([self.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.MIN)], header, _board.ARRIVING, SPIN)
         self.waited = time.perf_counter() - t0
@@ -204,7 +207,7 @@ class Op:
             self.chan.board.phase(_board.MOVING)
         if -header[6] >= ABANDONED:
             self._completed_by_an_abandoner()
-        self.votes = (int(-header[6]), int(-header[7]))
+        self.votes = tuple(int(-v) for v in header[6:])
         if header[2] != -header[3]:
             # Ranks of two cells met: every rank saw the same header, so every rank retires this
             # generation here, without a message; the later cell's ranks run the operation again
@@ -265,13 +268,14 @@ class Op:
             raise
 
 
+VOTES = 3  # integers every rank votes with in an arrival; each arrives as its maximum over the ranks
 ABANDONED = 2**62  # the vote of an arrival made only to complete an abandoned one
 
 
 def abandoned_header() -> np.ndarray:
     """The arrival a rank that knows a generation is abandoned sends to complete the others'
     pending arrivals: neutral in every field of the MIN but the first vote, which says so."""
-    header = np.full(8, np.iinfo(np.int64).max, dtype=np.int64)
+    header = np.full(6 + VOTES, np.iinfo(np.int64).max, dtype=np.int64)
     header[6] = -ABANDONED
     return header
 

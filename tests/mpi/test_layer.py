@@ -62,4 +62,4 @@ def test_reduce_in_place_takes_an_op_per_buffer_and_votes_in_the_arrival() -> No
                                      votes=(int(RANK == SIZE - 1), 0))
     np.testing.assert_array_equal(sums, np.full(3, SIZE * (SIZE + 1) / 2))
     assert peaks[0] == SIZE - 1
-    assert op.votes == (1, 0)  # the last rank's vote, known to every rank
+    assert op.votes == (1, 0, 0)  # the last rank's vote, known to every rank
