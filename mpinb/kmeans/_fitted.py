@@ -14,7 +14,8 @@ from sklearn.exceptions import NotFittedError
 
 from mpinb import _collective
 from mpinb.errors import _digest, _resolve, check_same, raise_together
-from mpinb.kmeans._lloyd import chunk_rows, chunks, column_sums, euclidean, local_inertia, nearest
+from mpinb.kmeans._distances import column_sums, euclidean, local_inertia, nearest
+from mpinb.kmeans._kernels import chunk_rows, chunks
 
 __all__ = ["FittedCentres", "as_data", "as_weights", "raise_nonfinite"]
 
