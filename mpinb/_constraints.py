@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinb.errors import _BOUNDS, _is_int
+from mpinb._checks import _BOUNDS, is_int
 
 __all__ = [
     "NOT_MINE", "Accepts", "Callables", "Exactly", "Flag", "Instance", "Integer", "Invalid", "Options",
@@ -59,7 +59,7 @@ class Integer(Rule):
         self.description = _BOUNDS.get(minimum, f"an integer >= {minimum}") + (f" {unit}" if unit else "")
 
     def take(self, value: Any) -> Any:
-        if not _is_int(value):
+        if not is_int(value):
             return NOT_MINE
         if self.minimum is not None and value < self.minimum:
             raise Invalid()
@@ -72,7 +72,7 @@ class Seed(Rule):
     description = "an int"
 
     def take(self, value: Any) -> Any:
-        if not _is_int(value):
+        if not is_int(value):
             return NOT_MINE
         if not 0 <= value < 2**32:
             raise Invalid("{name} must be between 0 and 2**32 - 1; got {value!r}.")

@@ -6,9 +6,10 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from mpinb._checks import check_int, default_comm, is_int
 from mpinb._digest import digest
+from mpinb.agreement import check_same, raise_together
 from mpinb.data._synthetic import shared_seed
-from mpinb.errors import _check_int, _is_int, _resolve, check_same, raise_together
 from mpinb.shards import shard_bounds
 
 __all__ = ["Split", "load_breast_cancer", "load_digits", "load_iris", "load_wine"]
@@ -98,11 +99,11 @@ load_breast_cancer = _loader(
 
 def _bundled(name: str, shard: bool, test_size: float | int, random_state: int | None, comm: Any) -> Split:
     _check_test_size(test_size)
-    if random_state is not None and _check_int(random_state, "random_state", minimum=0) >= 1 << 32:
+    if random_state is not None and check_int(random_state, "random_state", minimum=0) >= 1 << 32:
         raise ValueError(f"random_state must be < 2**32 (scikit-learn's limit); got {random_state}.")
     if not shard:
         return Split(*_load_and_split(name, test_size, random_state))
-    comm = _resolve(comm)
+    comm = default_comm(comm)
     seed = shared_seed(random_state, True, comm)
     parts: tuple[np.ndarray, ...] = ()
     with raise_together(comm=comm):
@@ -135,7 +136,7 @@ def _load_and_split(name: str, test_size: float | int, seed: int | None) -> tupl
 def _check_test_size(test_size: Any) -> None:
     if isinstance(test_size, bool):
         ok = False
-    elif _is_int(test_size):
+    elif is_int(test_size):
         ok = test_size >= 1
     elif isinstance(test_size, (float, np.floating)):
         ok = 0.0 < test_size < 1.0

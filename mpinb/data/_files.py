@@ -10,7 +10,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from mpinb.errors import _resolve, check_same, raise_together
+from mpinb._checks import default_comm
+from mpinb.agreement import check_same, raise_together
 from mpinb.shards import shard_bounds
 
 __all__ = ["shard_dataset", "shard_files"]
@@ -82,7 +83,7 @@ def shard_files(
     ...             for i in range(0, len(part["y"]), 64):
     ...                 yield part["X"][i : i + 64], part["y"][i : i + 64]
     """
-    comm = _resolve(comm)
+    comm = default_comm(comm)
     paths: list[str] = []
     # Expansion and listing can fail on some ranks only (a node-local directory, a list built
     # from os.listdir): decided together, so no rank is left waiting in check_same.
@@ -160,7 +161,7 @@ def shard_dataset(dataset: Any, *, comm: Any = None) -> Any:
             "keras.utils.PyDataset or a generator should read only this rank's files "
             "(mpinb.data.shard_files) or rows (mpinb.data.load_npy)."
         )
-    comm = _resolve(comm)
+    comm = default_comm(comm)
     rank, size = comm.Get_rank(), comm.Get_size()
     n = int(dataset.cardinality())
     if 0 <= n < size:

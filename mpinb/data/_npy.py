@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from mpinb.errors import _check_int, _resolve, check_same, raise_together
+from mpinb._checks import check_int, default_comm
+from mpinb.agreement import check_same, raise_together
 from mpinb.shards import shard_bounds
 
 __all__ = ["load_npy"]
@@ -54,8 +55,8 @@ def load_npy(path: str | os.PathLike[str], *, ndim: int | None = None, comm: Any
     >>> y_local = mpinb.data.load_npy("/scratch/labels.npy", ndim=1)
     """
     if ndim is not None:
-        ndim = _check_int(ndim, "ndim", minimum=1)
-    comm = _resolve(comm)
+        ndim = check_int(ndim, "ndim", minimum=1)
+    comm = default_comm(comm)
     with raise_together(comm=comm):
         shape, dtype, fortran, offset = _npy_header(path, ndim)
     check_same((shape, dtype.str, fortran), f"the shape, dtype and order of {os.fspath(path)!r}", comm=comm)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from mpinb import _collective
-from mpinb.errors import _check_int, _is_int, _resolve
+from mpinb._checks import check_int, default_comm, is_int
 from mpinb.shards import shard_bounds
 
 __all__ = ["make_blobs", "make_classification", "shared_seed"]
@@ -80,10 +80,10 @@ def make_blobs(
     >>> X_local, y_local = mpinb.data.make_blobs(1_000_000, n_features=2, centers=5)
     >>> km = mpinb.KMeans(n_clusters=5).fit(X_local)
     """
-    n_samples = _check_int(n_samples, "n_samples", minimum=0)
-    if _is_int(centers):
-        k = _check_int(centers, "centers", minimum=1)
-        n_features = _check_int(n_features, "n_features", minimum=1)
+    n_samples = check_int(n_samples, "n_samples", minimum=0)
+    if is_int(centers):
+        k = check_int(centers, "centers", minimum=1)
+        n_features = check_int(n_features, "n_features", minimum=1)
         given_centers = None
     else:
         given_centers = np.array(centers, dtype=np.float64)
@@ -182,10 +182,10 @@ def make_classification(
     >>> X_local, y_local = mpinb.data.make_classification(100_000, n_features=20)
     >>> model.fit(X_local, y_local, epochs=5)   # with mpinb.keras's distributed optimizer
     """
-    n_samples = _check_int(n_samples, "n_samples", minimum=0)
-    n_features = _check_int(n_features, "n_features", minimum=1)
-    n_classes = _check_int(n_classes, "n_classes", minimum=2)
-    n_informative = _check_int(n_informative, "n_informative", minimum=1)
+    n_samples = check_int(n_samples, "n_samples", minimum=0)
+    n_features = check_int(n_features, "n_features", minimum=1)
+    n_classes = check_int(n_classes, "n_classes", minimum=2)
+    n_informative = check_int(n_informative, "n_informative", minimum=1)
     if n_informative > n_features:
         raise ValueError(
             f"n_informative must be <= n_features ({n_features}); got {n_informative}. "
@@ -224,7 +224,7 @@ def _generate(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fill this rank's rows from the global blocks that overlap them."""
     if shard:
-        comm = _resolve(comm)
+        comm = default_comm(comm)
         start, stop = shard_bounds(n_samples, rank=comm.Get_rank(), size=comm.Get_size())
     else:
         start, stop = 0, n_samples
@@ -248,12 +248,12 @@ def _generate(
 def shared_seed(random_state: Any, shard: bool, comm: Any) -> int:
     """An int seed every rank agrees on; ``None`` is drawn on rank 0 and broadcast."""
     if random_state is not None:
-        return _check_int(random_state, "random_state", minimum=0)
+        return check_int(random_state, "random_state", minimum=0)
     # 32 bits: scikit-learn accepts seeds below 2**32 only.
     fresh = int(np.random.SeedSequence().entropy) % (1 << 32)
     if not shard:
         return fresh
-    comm = _resolve(comm)
+    comm = default_comm(comm)
     if comm.Get_size() == 1:
         return fresh
     return int(_collective.bcast(fresh, comm=comm, name="a shared random seed"))

@@ -16,12 +16,14 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 
 from mpinb import _collective
+from mpinb._checks import default_comm
 from mpinb._constraints import (
     NOT_MINE, Accepts, Callables, Exactly, Instance, Integer, Invalid, Options, Real, Rule, Seed,
     check_parameters,
 )
+from mpinb._digest import digest
 from mpinb._rows import Layout, Shard
-from mpinb.errors import _digest, _resolve, check_same, raise_together
+from mpinb.agreement import check_same, raise_together
 from mpinb.kmeans._distances import column_sums
 from mpinb.kmeans._fitted import FittedCentres, as_data, as_weights, raise_nonfinite
 from mpinb.kmeans._init import resolve_random_state
@@ -68,7 +70,7 @@ class KMeansParams:
             if f.name == "init":
                 value = _describe_init(value)
             elif isinstance(value, np.random.RandomState):
-                value = ("RandomState", _digest(value))
+                value = ("RandomState", digest(value))
             out.append((f.name, value))
         return tuple(out)
 
@@ -142,7 +144,7 @@ class KMeansBase(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
         the fitted number of features, only their counts per rank are gathered, and the model's
         own generator carries on.
         """
-        comm = _resolve(self.comm)
+        comm = default_comm(self.comm)
         name = type(self).__name__
         fitted = resume and hasattr(self, "cluster_centers_")
         with raise_together(comm=comm):
@@ -223,5 +225,5 @@ def _describe_init(init: Any) -> Any:
         name = getattr(init, "__qualname__", type(init).__qualname__)
         return ("callable", getattr(init, "__module__", None), name)
     if not isinstance(init, str):
-        return ("array", init.shape, _digest(init))
+        return ("array", init.shape, digest(init))
     return init

@@ -8,8 +8,8 @@ from typing import Any, Callable
 import numpy as np
 
 from mpinb import _collective
-from mpinb.interrupt import StopFlag
 from mpinb._rows import Shard
+from mpinb.interrupt import StopFlag
 from mpinb.kmeans._distances import BLOCK_ELEMENTS, sq_distances
 from mpinb.kmeans._kernels import SUM_ELEMENTS, chunk_rows, chunks
 from mpinb.kmeans._lloyd import lloyd
@@ -62,14 +62,16 @@ def _from_callable(data: Shard, init: Callable[..., Any], k: int, rng: np.random
     centres that depend on which rows a rank holds raise :class:`CollectiveMismatchError` on
     every rank instead of silently depending on the number of ranks.
     """
-    from mpinb.errors import CollectiveMismatchError, _digest, raise_together
+    from mpinb._digest import digest
+    from mpinb.agreement import raise_together
+    from mpinb.errors import CollectiveMismatchError
 
     d = data.X.shape[1]
     shard = data.X.view()
     shard.flags.writeable = False
     with raise_together(comm=data.comm):
         centers = callable_result(init(shard, k, random_state=rng), k, d).astype(data.out_dtype)
-    digests = (_digest(centers), _digest(rng))
+    digests = (digest(centers), digest(rng))
     table = _collective.allgather(digests, comm=data.comm, name=f"{data.name}'s init callable check")
     for part, (what, fix) in enumerate(_CALLABLE_MISMATCH):
         groups: dict[str, list[int]] = {}

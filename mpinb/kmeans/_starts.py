@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from mpinb import _collective
+from mpinb._digest import digest
 from mpinb._rows import Shard
-from mpinb.errors import _digest, check_same, raise_together
+from mpinb.agreement import check_same, raise_together
 from mpinb.kmeans._distances import local_inertia, nearest
 from mpinb.kmeans._init import callable_result, initial_centers
 from mpinb.kmeans._shard import kmeans_shard
@@ -94,7 +95,7 @@ def start_from_sample(
             centers = _kmeans_parallel_on(sample, w, k, rng, data.name)
     centers = np.asarray(centers, dtype=np.float64)
     if callable(init):
-        check_same((_digest(centers), _digest(rng)), "what init(X_sample, n_clusters, random_state) returned and left random_state in "
+        check_same((digest(centers), digest(rng)), "what init(X_sample, n_clusters, random_state) returned and left random_state in "
                    "(it gets the same sample and generator on every rank)", comm=data.comm)
     return centers
 
