@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from mpinb.errors import _check_int, _resolve, check_same
+from mpinb._checks import check_int, default_comm
+from mpinb.agreement import check_same
 
 __all__ = ["shard", "shard_bounds"]
 
@@ -36,7 +37,7 @@ def shard_bounds(n: int, *, rank: int, size: int) -> tuple[int, int]:
     [(0, 3), (3, 6), (6, 8), (8, 10)]
     """
     for name, value in (("n", n), ("rank", rank), ("size", size)):
-        _check_int(value, name)
+        check_int(value, name)
     if n < 0:
         raise ValueError(f"n must be >= 0; got {n}.")
     if size < 1:
@@ -80,7 +81,7 @@ def shard(*arrays: Any, comm: Any = None) -> Any:
     lengths = [int(v.shape[0]) for v in values]
     if len(set(lengths)) > 1:
         raise ValueError(f"shard() needs arrays of equal length along axis 0; got lengths {lengths}.")
-    comm = _resolve(comm)
+    comm = default_comm(comm)
     check_same(lengths[0], "the length of the arrays passed to shard()", comm=comm)
     start, stop = shard_bounds(lengths[0], rank=comm.Get_rank(), size=comm.Get_size())
     pieces = tuple(v[start:stop] for v in values)

@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 import warnings
 from typing import Any, Callable
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning
 
-from mpinb.errors import _check_int, _digest, _is_int, _resolve, check_same, raise_together
 from mpinb.interrupt import StopFlag
-from mpinb.kmeans._fitted import FittedCentres, as_data, as_weights, raise_nonfinite
-from mpinb.kmeans._lloyd import Run, Shard, column_sums, lloyd, same_clustering
+from mpinb.kmeans._base import KMeansBase
+from mpinb.kmeans._init import initial_centers
+from mpinb.kmeans._lloyd import Run, lloyd, same_clustering
+from mpinb.kmeans._shard import relative_tol
 from mpinb.live import Progress
 
 __all__ = ["KMeans"]
 
-_INITS = ("k-means++", "k-means||", "random")
 
-
-class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
+class KMeans(KMeansBase):
     """K-means clustering of data spread over MPI ranks, each rank keeping its own rows.
 
     Collective: every rank of ``comm`` constructs it with the same parameters and calls
@@ -136,11 +132,6 @@ class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
     ((3, 4), True)
     """
 
-    # Hook point for live progress (mpinb.live): called on every rank after each iteration's
-    # reduction with a dict of that iteration's reduced values. Not a constructor parameter, so
-    # sklearn's clone() drops it.
-    _on_iteration: Callable[[dict[str, Any]], None] | None = None
-
     def __init__(
         self,
         n_clusters: int = 8,
@@ -152,13 +143,10 @@ class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
         random_state: Any = None,
         comm: Any = None,
     ) -> None:
-        self.n_clusters = n_clusters
-        self.init = init
-        self.n_init = n_init
-        self.max_iter = max_iter
-        self.tol = tol
-        self.random_state = random_state
-        self.comm = comm
+        super().__init__(
+            n_clusters, init=init, n_init=n_init, max_iter=max_iter, tol=tol, random_state=random_state,
+            comm=comm,
+        )
 
     def fit(self, X_local: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
         """Compute the clustering of the rows held by all ranks.
@@ -181,42 +169,32 @@ class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
         Returns
         -------
         KMeans
-            ``self``, fitted.
+            ``self``, fitted, with the same centres on every rank.
         """
         # From the first line: a Ctrl-C that lands during validation, set-up or a JIT compile only
         # sets the flag, which the first reduction of the initialisation or of Lloyd's loop carries
         # to every rank, instead of raising on this rank alone while the others enter a collective.
         with StopFlag() as stop:
-            comm = _resolve(self.comm)
-            with raise_together(comm=comm):
-                params = self._validated_params()
-                X, weights, local_sum = checked_rows(X_local, sample_weight, params)
-            check_same(_describe_params(params), "the KMeans configuration", comm=comm)
-            check_same(X.shape[1], "the number of features (columns of X_local)", comm=comm)
-            data = Shard.build(
-                X, weights, local_sum, n_clusters=params["n_clusters"], init=params["init"], tol=params["tol"], comm=comm
-            )
-
-            from mpinb.kmeans._init import initial_centers, resolve_random_state
-
-            rng = resolve_random_state(self.random_state, comm)
+            start = self._prologue(X_local, sample_weight, "KMeans.fit")
+            params, data = start.params, start.shard
+            tol = relative_tol(data, params.tol)
             best: Run | None = None
-            for run in range(params["n_init"]):
-                start = initial_centers(data, params["init"], params["n_clusters"], rng, stop)
+            for run in range(params.n_init):
+                centers = initial_centers(data, params.init, params.n_clusters, start.rng, stop)
                 # Rank 0 publishes each run's inertia curve to the notebook (mpinb.live.watch).
-                with Progress("inertia", total=params["max_iter"], comm=comm) as progress:
+                with Progress("inertia", total=params.max_iter, comm=start.comm) as progress:
                     hook = _publishing_hook(progress, self._on_iteration)
-                    result = lloyd(data, start, params["max_iter"], data.tol, stop, hook, run)
+                    result = lloyd(data, centers, params.max_iter, tol, stop, hook, run)
                 if best is None or (
                     result.inertia < best.inertia and not same_clustering(result, best, data)
                 ):
                     best = result
         assert best is not None
         distinct = int(np.count_nonzero(best.counts))
-        if distinct < params["n_clusters"]:
+        if distinct < params.n_clusters:
             warnings.warn(
                 f"Number of distinct clusters ({distinct}) found smaller than n_clusters "
-                f"({params['n_clusters']}). Possibly due to duplicate points in X.",
+                f"({params.n_clusters}). Possibly due to duplicate points in X.",
                 ConvergenceWarning,
                 stacklevel=2,
             )
@@ -226,92 +204,8 @@ class KMeans(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
         self.inertia_ = float(best.inertia)
         self.n_iter_ = int(best.n_iter)
         self.inertia_history_ = np.asarray(best.history, dtype=np.float64)
-        self.n_features_in_ = int(X.shape[1])
+        self.n_features_in_ = int(data.X.shape[1])
         return self
-
-    def _validated_params(self) -> dict[str, Any]:
-        """Local checks of the hyper-parameters, with the messages users see on every rank."""
-        return check_params(self, auto_runs=10)
-
-
-def check_params(est: Any, *, auto_runs: int) -> dict[str, Any]:
-    """Local checks of the hyper-parameters every k-means estimator of mpinb has (``n_clusters``,
-    ``init``, ``n_init``, ``max_iter``, ``tol``, ``random_state``), with the messages users see on
-    every rank; ``n_init="auto"`` means ``auto_runs`` for a random or callable ``init``, 1
-    otherwise (scikit-learn's KMeans says 10, its MiniBatchKMeans 3)."""
-    name = type(est).__name__
-    k = est.n_clusters
-    _check_int(k, "n_clusters", minimum=1)
-    init = est.init
-    if isinstance(init, str):
-        if init not in _INITS:
-            raise ValueError(
-                f"init must be 'k-means++', 'k-means||', 'random', an array of shape "
-                f"(n_clusters, n_features) or a callable; got {init!r}."
-            )
-    elif callable(init):
-        pass  # called in fit on every rank; its result is checked there, collectively
-    else:
-        try:
-            init = np.array(init, dtype=np.float64, copy=True)
-        except (TypeError, ValueError) as err:
-            raise ValueError(
-                f"init must be 'k-means++', 'k-means||', 'random', an array of shape "
-                f"(n_clusters, n_features) or a callable; got {type(est.init).__name__} ({err})."
-            ) from None
-        if not np.isfinite(init).all():
-            raise ValueError("init contains NaN or infinity; pass finite initial centres.")
-    n_init = est.n_init
-    if n_init == "auto":
-        # As scikit-learn: several runs where each start is a fresh random draw.
-        n_init = auto_runs if callable(init) or (isinstance(init, str) and init == "random") else 1
-    else:
-        _check_int(n_init, "n_init", minimum=1, alternative="'auto'")
-    if isinstance(init, np.ndarray) and n_init != 1:
-        warnings.warn(
-            f"Explicit initial center position passed: performing only one init in {name} "
-            f"instead of n_init={n_init}.",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-        n_init = 1
-    _check_int(est.max_iter, "max_iter", minimum=1)
-    tol = est.tol
-    if not isinstance(tol, numbers.Real) or isinstance(tol, bool) or not tol >= 0 or math.isinf(tol):
-        raise ValueError(f"tol must be a finite number >= 0; got {tol!r}.")
-    rs = est.random_state
-    if not (rs is None or _is_int(rs) or isinstance(rs, np.random.RandomState)):
-        raise ValueError(
-            f"random_state must be None, an int or a numpy.random.RandomState; got {rs!r}."
-        )
-    if _is_int(rs) and not 0 <= rs < 2**32:
-        raise ValueError(f"random_state must be between 0 and 2**32 - 1; got {rs!r}.")
-    return {
-        "n_clusters": int(k),
-        "init": init,
-        "n_init": int(n_init),
-        "max_iter": int(est.max_iter),
-        "tol": float(tol),
-        "random_state": rs,
-    }
-
-
-def checked_rows(X_local: Any, sample_weight: Any, params: dict[str, Any] | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """This rank's rows, weights and float64 column sums, or the local error (run it inside
-    ``raise_together``); with ``params``, an array ``init`` is checked against the rows' width."""
-    X = as_data(X_local)
-    weights = as_weights(sample_weight, X.shape[0])
-    init = None if params is None else params["init"]
-    if isinstance(init, np.ndarray) and init.shape != (params["n_clusters"], X.shape[1]):
-        raise ValueError(
-            f"init has shape {init.shape}, but it must be (n_clusters, n_features) = "
-            f"({params['n_clusters']}, {X.shape[1]})."
-        )
-    # The column sums give the mean and, being non-finite exactly when some value is, the check.
-    local_sum = column_sums(X, 1 if params is None else params["n_clusters"])
-    if not np.isfinite(local_sum).all():
-        raise_nonfinite(X)
-    return X, weights, local_sum
 
 
 def _publishing_hook(
@@ -323,24 +217,3 @@ def _publishing_hook(
             user_hook(info)
 
     return hook
-
-
-def _describe_params(params: dict[str, Any]) -> tuple[Any, ...]:
-    init = params["init"]
-    if callable(init):
-        # Functions cannot be compared across processes; their names can.
-        name = getattr(init, "__qualname__", type(init).__qualname__)
-        init = ("callable", getattr(init, "__module__", None), name)
-    elif not isinstance(init, str):
-        init = ("array", init.shape, _digest(init))
-    rs = params["random_state"]
-    if isinstance(rs, np.random.RandomState):
-        rs = ("RandomState", _digest(rs))
-    return (
-        ("n_clusters", params["n_clusters"]),
-        ("init", init),
-        ("n_init", params["n_init"]),
-        ("max_iter", params["max_iter"]),
-        ("tol", params["tol"]),
-        ("random_state", rs),
-    )

@@ -13,8 +13,11 @@ import numpy as np
 from sklearn.exceptions import NotFittedError
 
 from mpinb import _collective
-from mpinb.errors import _digest, _resolve, check_same, raise_together
-from mpinb.kmeans._lloyd import chunk_rows, chunks, column_sums, euclidean, local_inertia, nearest
+from mpinb._checks import default_comm
+from mpinb._digest import digest
+from mpinb.agreement import check_same, raise_together
+from mpinb.kmeans._distances import column_sums, euclidean, local_inertia, nearest
+from mpinb.kmeans._kernels import chunk_rows, chunks
 
 __all__ = ["FittedCentres", "as_data", "as_weights", "raise_nonfinite"]
 
@@ -99,7 +102,7 @@ class FittedCentres:
         float
             ``-sum(weight * squared distance to the nearest centre)`` over all ranks.
         """
-        comm = _resolve(self.comm)
+        comm = default_comm(self.comm)
         name = type(self).__name__
         with raise_together(comm=comm):
             X = self._check_input(X_local)
@@ -107,7 +110,7 @@ class FittedCentres:
             centers = np.asarray(self.cluster_centers_, dtype=np.float64)
             local = local_inertia(X, weights, centers, nearest(X, centers))
         # A rank scoring another model (refitted alone, say) would add a meaningless term.
-        check_same(_digest(centers), f"the {name}'s cluster_centers_ (a digest)", comm=comm)
+        check_same(digest(centers), f"the {name}'s cluster_centers_ (a digest)", comm=comm)
         total = np.array([local])
         _collective.reduce_in_place([total], comm=comm, name=f"{name}.score")
         return -float(total[0])

@@ -8,10 +8,14 @@ from typing import Any, Callable
 import numpy as np
 
 from mpinb import _collective
+from mpinb._rows import Shard
 from mpinb.interrupt import StopFlag
-from mpinb.kmeans._lloyd import BLOCK_ELEMENTS, SUM_ELEMENTS, Shard, chunk_rows, chunks, lloyd, sq_distances
+from mpinb.kmeans._distances import BLOCK_ELEMENTS, sq_distances
+from mpinb.kmeans._kernels import SUM_ELEMENTS, chunk_rows, chunks
+from mpinb.kmeans._lloyd import lloyd
+from mpinb.kmeans._shard import kmeans_shard, relative_tol
 
-__all__ = ["initial_centers", "resolve_random_state"]
+__all__ = ["callable_result", "initial_centers", "kmeans_plusplus", "resolve_random_state"]
 
 # k-means||: candidates drawn per round (times n_clusters) and rounds, as in Bahmani et al. (2012).
 _OVERSAMPLING = 2.0
@@ -19,16 +23,17 @@ _ROUNDS = 5
 _RECLUSTER_MAX_ITER = 100
 
 
-def resolve_random_state(random_state: Any, comm: Any) -> np.random.RandomState:
+def resolve_random_state(random_state: Any, comm: Any, name: str) -> np.random.RandomState:
     """The generator every rank draws from in step: seeded identically on all ranks.
 
-    Collective only for ``None`` (rank 0 draws a fresh seed and shares it).
+    Collective only for ``None`` (rank 0 draws a fresh seed and shares it, in a collective named
+    after the estimator's method ``name``).
     """
     if isinstance(random_state, np.random.RandomState):
         return random_state
     if random_state is None:
         seed = int(np.random.default_rng().integers(2**32)) if comm.Get_rank() == 0 else None
-        return np.random.RandomState(_collective.bcast(seed, comm=comm, name="KMeans.fit's random state"))
+        return np.random.RandomState(_collective.bcast(seed, comm=comm, name=f"{name}'s random state"))
     return np.random.RandomState(int(random_state))
 
 
@@ -57,15 +62,17 @@ def _from_callable(data: Shard, init: Callable[..., Any], k: int, rng: np.random
     centres that depend on which rows a rank holds raise :class:`CollectiveMismatchError` on
     every rank instead of silently depending on the number of ranks.
     """
-    from mpinb.errors import CollectiveMismatchError, _digest, raise_together
+    from mpinb._digest import digest
+    from mpinb.agreement import raise_together
+    from mpinb.errors import CollectiveMismatchError
 
     d = data.X.shape[1]
     shard = data.X.view()
     shard.flags.writeable = False
     with raise_together(comm=data.comm):
-        centers = _callable_result(init(shard, k, random_state=rng), k, d).astype(data.out_dtype)
-    digests = (_digest(centers), _digest(rng))
-    table = _collective.allgather(digests, comm=data.comm, name="KMeans.fit's init callable check")
+        centers = callable_result(init(shard, k, random_state=rng), k, d).astype(data.out_dtype)
+    digests = (digest(centers), digest(rng))
+    table = _collective.allgather(digests, comm=data.comm, name=f"{data.name}'s init callable check")
     for part, (what, fix) in enumerate(_CALLABLE_MISMATCH):
         groups: dict[str, list[int]] = {}
         for rank, row in enumerate(table):
@@ -94,7 +101,7 @@ _CALLABLE_MISMATCH = (
 )
 
 
-def _callable_result(result: Any, k: int, d: int) -> np.ndarray:
+def callable_result(result: Any, k: int, d: int) -> np.ndarray:
     """The callable's centres as a float64 array of shape (k, d), or a clear local error."""
     if hasattr(result, "toarray"):
         result = result.toarray()
@@ -168,10 +175,9 @@ def _random_rows(data: Shard, k: int, rng: np.random.RandomState) -> np.ndarray:
     found_rows = np.empty((0, d))
     found_idx = np.empty(0, dtype=np.int64)
     found_w = np.empty(0)
-    ends = np.cumsum(data.counts)
     while found_idx.size < k:
         draws = rng.rand(k - found_idx.size)
-        owners = np.searchsorted(ends, found_idx, side="right")
+        owners = data.layout.owner(found_idx)
         totals = data.weight_sums - np.bincount(owners, weights=found_w, minlength=data.size)
         local = found_idx[(found_idx >= data.offset) & (found_idx < data.offset + data.n_local)] - data.offset
 
@@ -212,10 +218,10 @@ def _kmeans_parallel(data: Shard, k: int, rng: np.random.RandomState, stop: Stop
     _update_nearest(data, candidates, 0, closest, nearest)
     for _ in range(_ROUNDS):
         phi = np.array([_weighted_sum(data, closest), 0.0 if stop is None else stop.value])
-        _collective.reduce_in_place([phi], comm=data.comm, name="KMeans.fit's k-means|| round")
+        _collective.reduce_in_place([phi], comm=data.comm, name=f"{data.name}'s k-means|| round")
         if phi[1] > 0:
             assert stop is not None
-            stop.raise_interrupt("mpinb.KMeans.fit (k-means|| initialisation)")
+            stop.raise_interrupt(f"mpinb.{data.name} (k-means|| initialisation)")
         if phi[0] <= 0:
             break
         key = int(rng.randint(0, 2**62, dtype=np.int64))
@@ -237,27 +243,22 @@ def _kmeans_parallel(data: Shard, k: int, rng: np.random.RandomState, stop: Stop
     for s, e in chunks(data.n_local, SUM_ELEMENTS):
         w = None if data.weights is None else data.weights[s:e]
         weights += np.bincount(nearest[s:e], weights=w, minlength=candidates.shape[0])
-    _collective.reduce_in_place([weights], comm=data.comm, name="KMeans.fit's k-means|| weights")
+    _collective.reduce_in_place([weights], comm=data.comm, name=f"{data.name}'s k-means|| weights")
     seed = int(rng.randint(0, 2**31 - 1))
-    return on_root(_recluster, candidates, weights, k, seed, comm=data.comm)
+    return on_root(_recluster, candidates, weights, k, seed, data.name, comm=data.comm)
 
 
-def _recluster(candidates: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.ndarray:
+def _recluster(candidates: np.ndarray, weights: np.ndarray, k: int, seed: int, name: str) -> np.ndarray:
     """Weighted k-means++ then Lloyd over the k-means|| candidates, on one process."""
     from mpi4py import MPI
 
-    sub = Shard.build(
-        candidates,
-        weights,
-        candidates.sum(axis=0),
-        n_clusters=min(k, candidates.shape[0]),
-        init="k-means++",
-        tol=1e-4,
-        comm=MPI.COMM_SELF,
+    sub = kmeans_shard(
+        candidates, weights, candidates.sum(axis=0), n_clusters=min(k, candidates.shape[0]), init="k-means++",
+        comm=MPI.COMM_SELF, name=f"{name}'s k-means|| reclustering",
     )
     start = kmeans_plusplus(sub, k, np.random.RandomState(seed), None)
     if candidates.shape[0] > k:
-        start = lloyd(sub, start, _RECLUSTER_MAX_ITER, sub.tol, None).centers
+        start = lloyd(sub, start, _RECLUSTER_MAX_ITER, relative_tol(sub, 1e-4), None).centers
     # Back to the coordinates of the candidates (centred on the full data's mean).
     return start + sub.mean
 
@@ -308,7 +309,7 @@ def _pick(
         out[order, :d] = np.subtract(data.X[local], data.mean, dtype=np.float64)
         out[order, d] = data.offset + local
         out[order, d + 1] = data.weight_slice(0, data.n_local)[local] if data.weights is not None else 1.0
-    _collective.reduce_in_place([out], comm=data.comm, name="KMeans.fit's initial centres")
+    _collective.reduce_in_place([out], comm=data.comm, name=f"{data.name}'s initial centres")
     return out[:, :d], out[:, d:]
 
 
@@ -330,11 +331,11 @@ def _weighted_sum(data: Shard, closest: np.ndarray) -> float:
 def _gather_pots(data: Shard, pots: np.ndarray, stop: StopFlag | None) -> np.ndarray:
     """Each rank's potentials (size, len(pots)); the stop flag rides along in the same allgather."""
     flag = 0.0 if stop is None else stop.value
-    rows = _collective.allgather(np.append(pots, flag), comm=data.comm, name="KMeans.fit's k-means++ potentials")
+    rows = _collective.allgather(np.append(pots, flag), comm=data.comm, name=f"{data.name}'s k-means++ potentials")
     table = np.array(rows)
     if table[:, -1].max() > 0:
         assert stop is not None
-        stop.raise_interrupt("mpinb.KMeans.fit (k-means++ initialisation)")
+        stop.raise_interrupt(f"mpinb.{data.name} (k-means++ initialisation)")
     return table[:, :-1]
 
 

@@ -101,7 +101,7 @@ def test_generated_shards_gather_to_the_one_rank_data(name: str, n: int, comm) -
 
 
 def test_generators_with_fresh_seed_agree_across_ranks(comm) -> None:
-    assert_same_everywhere(data._seed(None, True, comm), comm)
+    assert_same_everywhere(data._synthetic.shared_seed(None, True, comm), comm)
     X, y = data.make_blobs(1000, random_state=None, comm=comm)
     labels = mpinb.gather_rows(y, root=None, comm=comm)
     # Rows of a cluster lie around one centre: within-cluster spread is the noise (std 1). Ranks

@@ -4,6 +4,8 @@ interrupts and the one-Allreduce-per-mini-batch rule."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections import Counter
 from typing import Any
 
@@ -286,3 +288,16 @@ def test_one_allreduce_per_mini_batch():
     assert_everywhere(dict(extra) == expected, f"{steps} more mini-batches cost {dict(extra)}")
     # Set-up and finish: checks, the shard summary, the gathered init sample, the final inertia.
     assert_everywhere(sum(calls[1].values()) - 2 * steps <= 30, f"setup and finish use {dict(calls[1])}")
+
+
+def test_verbose_prints_on_rank_0_only():
+    X = local(blobs())
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        MiniBatchKMeans(8, batch_size=200, random_state=0, max_iter=1, verbose=1).fit(X)
+    printed = out.getvalue()
+    assert_everywhere(("Minibatch step 1/" in printed) == (RANK == 0), f"rank {RANK} printed {printed[:80]!r}")
+    # It must agree across ranks like every parameter (a verbose fit reduces the inertia of a
+    # single start, which it otherwise skips).
+    if SIZE > 1:
+        with raises_everywhere(CollectiveMismatchError, match=r"the MiniBatchKMeans configuration .*verbose"):
+            MiniBatchKMeans(8, batch_size=200, random_state=0, verbose=int(RANK == 0)).fit(X)

@@ -278,8 +278,8 @@ def simulated(monkeypatch: pytest.MonkeyPatch):
     def alone(*, comm=None, timeout=None):
         yield
 
-    monkeypatch.setattr(data, "raise_together", alone)
-    monkeypatch.setattr(data, "check_same", lambda value, what, *, comm=None, timeout=None: None)
+    monkeypatch.setattr(data._files, "raise_together", alone)
+    monkeypatch.setattr(data._files, "check_same", lambda value, what, *, comm=None, timeout=None: None)
     return lambda files, rank, size: data.shard_files(files, comm=FakeComm(rank, size))
 
 

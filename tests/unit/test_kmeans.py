@@ -21,8 +21,7 @@ import mpinb
 import mpinb.kmeans._lloyd as lloyd_module
 from mpinb import KMeans
 from mpinb.kmeans import _kernels
-from mpinb.kmeans._kernels import COMPILE_FROM, kernels
-from mpinb.kmeans._lloyd import chunk_rows
+from mpinb.kmeans._kernels import COMPILE_FROM, chunk_rows, kernels
 
 SELF = MPI.COMM_SELF
 
@@ -128,6 +127,9 @@ BAD_PARAMS = [
     ({"max_iter": 0}, ValueError, r"max_iter must be a positive integer; got 0"),
     ({"tol": -1.0}, ValueError, r"tol must be a finite number >= 0; got -1\.0"),
     ({"random_state": "seed"}, ValueError, r"random_state must be None, an int or a numpy\.random\.RandomState; got 'seed'"),
+    ({"random_state": 2**32}, ValueError, r"^random_state must be between 0 and 2\*\*32 - 1; got 4294967296\."),
+    ({"init": [[1.0, 2.0], [3.0]]}, ValueError, r"init must be 'k-means\+\+', .* or a callable; got list \(setting an array"),
+    ({"n_init": "all"}, TypeError, r"n_init must be 'auto' or a positive integer; got 'all'"),
 ]
 
 

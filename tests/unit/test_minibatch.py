@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import pickle
+import re
 import signal
 
 import kmeans_cases
@@ -20,10 +21,11 @@ from sklearn.exceptions import NotFittedError
 from threadpoolctl import threadpool_limits
 
 import mpinb
-import mpinb.kmeans._minibatch as minibatch_module
+import mpinb._rows as rows_module
 from mpinb import MiniBatchKMeans
 from mpinb.kmeans import _kernels
-from mpinb.kmeans._minibatch import _Sampler
+from mpinb.kmeans._sampling import Sampler
+from mpinb.kmeans._shard import kmeans_shard
 
 SELF = MPI.COMM_SELF
 
@@ -225,10 +227,8 @@ def test_draws_are_numpys_choice():
         X = blobs(5000, 2)
         if weights is not None:
             weights[::5] = 0.0
-        data = minibatch_module.Shard.build(
-            X, weights, X.sum(axis=0), n_clusters=2, init="random", tol=0.0, comm=SELF
-        )
-        sampler = _Sampler(data, weighted=weights is not None)
+        data = kmeans_shard(X, weights, X.sum(axis=0), n_clusters=2, init="random", comm=SELF, name="draws")
+        sampler = Sampler(data, weighted=weights is not None)
         p = np.full(5000, 1 / 5000) if weights is None else weights / weights.sum()
         theirs = np.random.RandomState(0).choice(5000, 100_000, p=p, replace=True)
         ours = sampler.draw(np.random.RandomState(0).random_sample(100_000))
@@ -320,13 +320,13 @@ def test_reassignment_happens_as_in_sklearn(monkeypatch):
     X = blobs(4000, 4, 8, 2.0, seed=1)
     init = far_centres(X, 8, 3)
     fetched = []
-    gather = minibatch_module._gather
+    gather = rows_module.gather_chosen_rows
 
-    def spy(X_, weights, mine, local, m, dtype, comm):
+    def spy(X_, weights, mine, local, m, dtype, comm, name):
         fetched.append(m)
-        return gather(X_, weights, mine, local, m, dtype, comm)
+        return gather(X_, weights, mine, local, m, dtype, comm, name)
 
-    monkeypatch.setattr(minibatch_module, "_gather", spy)
+    monkeypatch.setattr(rows_module, "gather_chosen_rows", spy)
     with contextlib.redirect_stdout(io.StringIO()) as said:
         theirs = SkMiniBatchKMeans(8, init=init, batch_size=128, random_state=4, verbose=1).fit(X)
     assert "Reassigning 3 cluster centers" in said.getvalue()
@@ -343,6 +343,43 @@ def test_reassignment_happens_as_in_sklearn(monkeypatch):
         ours.partial_fit(X[s : s + 1000])
         assert_agrees(ours, theirs)
     assert fetched[0] == 3
+
+
+def test_verbose_prints_sklearns_progress_lines():
+    """verbose=1 prints scikit-learn's lines -- initialisation, every mini-batch, reassignments, the
+    reason for stopping -- in its order, with its numbers to round-off; verbose=0 prints nothing."""
+    X = blobs(4000, 4, 8, 2.0, seed=1)
+    kwargs = {"init": far_centres(X, 8, 3), "batch_size": 128, "random_state": 4, "verbose": 1}
+    said = []
+    for est in (SkMiniBatchKMeans(8, **kwargs), MiniBatchKMeans(8, comm=SELF, **kwargs)):
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            est.fit(X)
+        said.append(progress_lines(out.getvalue()))
+    (their_words, their_numbers), (our_words, our_numbers) = said
+    assert our_words == their_words
+    assert "[MiniBatchKMeans] Reassigning 3 cluster centers." in our_words
+    assert our_words[-1].startswith("Converged") and len(our_words) > 10
+    np.testing.assert_allclose(our_numbers, their_numbers, rtol=1e-9)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        MiniBatchKMeans(8, comm=SELF, **{**kwargs, "verbose": 0}).fit(X)
+    assert out.getvalue() == ""
+    with pytest.raises(TypeError, match=r"verbose must be True or False or a non-negative integer; got 'yes'"):
+        MiniBatchKMeans(8, comm=SELF, **{**kwargs, "verbose": "yes"}).fit(X)
+
+
+def progress_lines(text):
+    """The progress lines of ``verbose`` output (an array init printed only by name), with their
+    floating-point numbers masked, and those numbers."""
+    words, numbers = [], []
+    for line in text.splitlines():
+        if line.startswith("Init "):
+            line = line.split(" with method")[0]
+        elif not line.startswith(("Minibatch step", "Converged", "[MiniBatchKMeans]", "Inertia for init")):
+            continue
+        found = re.findall(r"-?\d+\.\d+(?:e[-+]?\d+)?", line)
+        numbers.extend(float(x) for x in found)
+        words.append(re.sub(r"-?\d+\.\d+(?:e[-+]?\d+)?", "#", line))
+    return words, np.array(numbers)
 
 
 def test_no_reassignment_with_ratio_zero():
