@@ -157,9 +157,7 @@ class Shard:
         biggest = np.zeros(1)
         unit = weights is None
         biggest[0] = passes.centred_stats(X, mean, _NO_WEIGHTS if unit else weights, not unit, stats)
-        with _collective.collective(comm, f"{name}'s variance", (stats.shape, biggest.shape)) as call:
-            call.allreduce([stats], "sum")
-            call.allreduce([biggest], "max")
+        _collective.reduce_in_place([stats, biggest], ["sum", "max"], comm=comm, name=f"{name}'s variance")
         return cls(
             X=X,
             weights=weights,

@@ -23,6 +23,7 @@ from mpinb.deadline import DEFAULT
 if TYPE_CHECKING:
     from mpinb._collective.channels import Channel
     from mpinb._collective.ops import Op
+    from mpinb.interrupt import StopFlag
 
 __all__ = ["allgather", "allreduce", "barrier", "bcast", "channel", "collective", "common_exception", "failures",
            "gather", "gather_rows", "reduce_in_place", "vote"]
@@ -57,18 +58,22 @@ def collective(
 
 
 def reduce_in_place(buffers: Sequence[np.ndarray], op: str | Sequence[str] = "sum", *, comm: Any = None, name: str,
-                    timeout: Any = DEFAULT, votes: tuple[int, ...] = ()) -> Op:
+                    timeout: Any = DEFAULT, votes: tuple[int, ...] = (), stop: StopFlag | None = None,
+                    where: str = "") -> Op:
     """Reduce each contiguous buffer over the ranks, in place: one operation, a message a buffer.
 
     ``op`` is one op for every buffer or one per buffer. ``votes`` ride in the arrival (see
-    :func:`collective`): a stop decision costs no message of its own. Returns the finished
+    :func:`collective`), and so does ``stop``: see :func:`_stop_together`. Returns the finished
     operation, whose ``votes`` and ``waited`` the caller may read.
     """
     ops = [op] * len(buffers) if isinstance(op, str) else list(op)
     layout = (tuple(ops), tuple((b.shape, b.dtype.str) for b in buffers))
-    with collective(comm, name, layout, timeout=timeout, votes=votes, what=f"{name}'s buffers") as call:
-        for kind in dict.fromkeys(ops):
-            call.allreduce([b for b, o in zip(buffers, ops) if o == kind], kind)
+    with collective(comm, name, layout, timeout=timeout, votes=_stop_vote(stop) or votes,
+                    what=f"{name}'s buffers") as call:
+        if not _stopped(call, stop):
+            for kind in dict.fromkeys(ops):
+                call.allreduce([b for b, o in zip(buffers, ops) if o == kind], kind)
+    _stop_together(call, stop, where)
     return call
 
 
@@ -85,10 +90,13 @@ def allreduce(arrays: Sequence[np.ndarray], op: str = "sum", *, out: Sequence[np
         return fused.run(arrays, call, out)
 
 
-def allgather(obj: Any, *, comm: Any = None, name: str, timeout: Any = DEFAULT) -> list[Any]:
-    """Every rank's ``obj`` (pickled), in rank order, on every rank."""
-    with collective(comm, name, timeout=timeout) as call:
-        return call.allgather(obj)
+def allgather(obj: Any, *, comm: Any = None, name: str, timeout: Any = DEFAULT, stop: StopFlag | None = None,
+              where: str = "") -> list[Any]:
+    """Every rank's ``obj`` (pickled), in rank order, on every rank; ``stop`` as in :func:`_stop_together`."""
+    with collective(comm, name, timeout=timeout, votes=_stop_vote(stop)) as call:
+        gathered = None if _stopped(call, stop) else call.allgather(obj)
+    _stop_together(call, stop, where)
+    return gathered
 
 
 def gather(obj: Any, *, root: int = 0, comm: Any = None, name: str, timeout: Any = DEFAULT) -> list[Any] | None:
@@ -166,6 +174,22 @@ def common_exception(module: str, qualname: str, message: str, *, comm: Any = No
 
     with collective(comm, name, (module, qualname), timeout=timeout) as call:
         return agreed(call, module, qualname, message)
+
+
+def _stop_vote(stop: StopFlag | None) -> tuple[int, ...]:
+    return () if stop is None else (int(stop.requested),)
+
+
+def _stopped(call: Op, stop: StopFlag | None) -> bool:
+    return stop is not None and call.votes[0] > 0
+
+
+def _stop_together(call: Op, stop: StopFlag | None, where: str) -> None:
+    """A cooperative stop: when Ctrl-C reached any rank inside ``stop`` (a
+    :class:`~mpinb.interrupt.StopFlag`), its vote rode in the arrival, no data moved, and every
+    rank raises ``KeyboardInterrupt`` here, with the message ``stop.raise_interrupt(where)`` gives."""
+    if _stopped(call, stop):
+        stop.raise_interrupt(where)
 
 
 _channels: dict[int, Channel] = {}

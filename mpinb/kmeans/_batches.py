@@ -115,7 +115,7 @@ class Step:
     ) -> None:
         self.comm, self.where, self.run_on, self.report = comm, where, run_on, report
         self.name = f"{where}'s mini-batch"
-        self.packed = np.empty(k * d + k + 2)
+        self.packed = np.empty(k * d + k + 1)  # [sums | weights | batch inertia]; a stop rides in the arrival
         self.sums = self.packed[: k * d].reshape(k, d)
         self.wsum = self.packed[k * d : k * d + k]
         self.calls = done  # mini-batches before this one, for the interrupt's message
@@ -131,13 +131,11 @@ class Step:
         packed[:] = 0.0
         if rows.size:
             w = NO_WEIGHTS if weights is None else weights
-            packed[-2] = self.run_on.batch_sums(X, rows, w, weights is not None, centers, self.sums, self.wsum)
-        packed[-1] = stop.value
+            packed[-1] = self.run_on.batch_sums(X, rows, w, weights is not None, centers, self.sums, self.wsum)
         self.calls += 1
-        _collective.reduce_in_place([packed], comm=self.comm, name=self.name)
-        if packed[-1] > 0:
-            stop.raise_interrupt(f"{self.where} (mini-batch {self.calls})")
-        return self.sums.copy(), self.wsum.copy(), float(packed[-2])
+        _collective.reduce_in_place([packed], comm=self.comm, name=self.name, stop=stop,
+                                    where=f"{self.where} (mini-batch {self.calls})")
+        return self.sums.copy(), self.wsum.copy(), float(packed[-1])
 
 
 def _update(centers: np.ndarray, counts: np.ndarray, sums: np.ndarray, wsum: np.ndarray) -> np.ndarray:

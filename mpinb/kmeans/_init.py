@@ -217,11 +217,9 @@ def _kmeans_parallel(data: Shard, k: int, rng: np.random.RandomState, stop: Stop
     nearest = np.zeros(data.n_local, dtype=np.int32)
     _update_nearest(data, candidates, 0, closest, nearest)
     for _ in range(_ROUNDS):
-        phi = np.array([_weighted_sum(data, closest), 0.0 if stop is None else stop.value])
-        _collective.reduce_in_place([phi], comm=data.comm, name=f"{data.name}'s k-means|| round")
-        if phi[1] > 0:
-            assert stop is not None
-            stop.raise_interrupt(f"mpinb.{data.name} (k-means|| initialisation)")
+        phi = np.array([_weighted_sum(data, closest)])
+        _collective.reduce_in_place([phi], comm=data.comm, name=f"{data.name}'s k-means|| round", stop=stop,
+                                    where=f"mpinb.{data.name} (k-means|| initialisation)")
         if phi[0] <= 0:
             break
         key = int(rng.randint(0, 2**62, dtype=np.int64))
@@ -329,14 +327,10 @@ def _weighted_sum(data: Shard, closest: np.ndarray) -> float:
 
 
 def _gather_pots(data: Shard, pots: np.ndarray, stop: StopFlag | None) -> np.ndarray:
-    """Each rank's potentials (size, len(pots)); the stop flag rides along in the same allgather."""
-    flag = 0.0 if stop is None else stop.value
-    rows = _collective.allgather(np.append(pots, flag), comm=data.comm, name=f"{data.name}'s k-means++ potentials")
-    table = np.array(rows)
-    if table[:, -1].max() > 0:
-        assert stop is not None
-        stop.raise_interrupt(f"mpinb.{data.name} (k-means++ initialisation)")
-    return table[:, :-1]
+    """Each rank's potentials (size, len(pots)); a stop rides in the same allgather's arrival."""
+    rows = _collective.allgather(pots, comm=data.comm, name=f"{data.name}'s k-means++ potentials", stop=stop,
+                                 where=f"mpinb.{data.name} (k-means++ initialisation)")
+    return np.array(rows)
 
 
 def _min_distances(data: Shard, points: np.ndarray, visit: Callable[[int, int, np.ndarray], None]) -> None:

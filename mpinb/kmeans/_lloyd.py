@@ -56,8 +56,9 @@ def lloyd(
     sums = np.zeros((k, d))  # local, raw coordinates
     weights = np.zeros(k)
     members = np.zeros(k)  # local rows with positive weight, exact in float64
-    # The one buffer reduced per iteration: [sums | weights | members | changed | stop].
-    packed = np.empty(k * d + 2 * k + 2)
+    # The one buffer reduced per iteration: [sums | weights | members | changed]; a stop rides in
+    # the arrival's vote.
+    packed = np.empty(k * d + 2 * k + 1)
     history: list[float] = []
     strict = False
     centers = np.array(centers, dtype=np.float64)
@@ -70,15 +71,12 @@ def lloyd(
         packed[: k * d] = sums.reshape(-1)
         packed[k * d : k * d + k] = weights
         packed[k * d + k : k * d + 2 * k] = members
-        packed[-2] = changes.n_changed
-        packed[-1] = 0.0 if stop is None else stop.value
-        _collective.reduce_in_place([packed], comm=comm, name=f"{data.name}'s Lloyd iteration")
-        if packed[-1] > 0:
-            assert stop is not None
-            stop.raise_interrupt(f"mpinb.{data.name} (run {run + 1}, iteration {i + 1})")
+        packed[-1] = changes.n_changed
+        _collective.reduce_in_place([packed], comm=comm, name=f"{data.name}'s Lloyd iteration", stop=stop,
+                                    where=f"mpinb.{data.name} (run {run + 1}, iteration {i + 1})")
         g_weights = packed[k * d : k * d + k].copy()
         g_members = packed[k * d + k : k * d + 2 * k]
-        n_changed = int(packed[-2])
+        n_changed = int(packed[-1])
         # Centred sums: sum w (x - mean) = sum w x - W mean.
         g_sums = packed[: k * d].reshape(k, d) - g_weights[:, None] * mean
         empty = g_members == 0

@@ -21,8 +21,7 @@ def any_weighted(data: Shard) -> bool:
     everywhere a draw maps to a row by ``floor(u * n)``, exactly, at any number of ranks."""
     weights = data.weights
     vote = int(weights is not None and bool(np.any(weights != 1.0)))
-    with _collective.collective(data.comm, f"{data.name}'s weights vote", votes=(vote, 0)) as op:
-        return bool(op.votes[0])
+    return bool(_collective.vote(vote, comm=data.comm, name=f"{data.name}'s weights vote"))
 
 
 @dataclass
