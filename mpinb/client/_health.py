@@ -13,7 +13,7 @@ from mpinb._engine import rank as _rank_here
 from mpinb.client._ipp import ENGINE_EXIT, NANNY_SAW_EXIT, engine_deaths
 from mpinb._words import rank_ranges
 
-__all__ = ["Health", "deaths", "probe"]
+__all__ = ["Health", "ask_every_engine", "deaths"]
 
 _DEATH_REPORT_WAIT = 1.0  # seconds mpiexec's report (with the signal) may follow the nannies'
 
@@ -51,7 +51,7 @@ class Health:
         return "; ".join(parts) + "; MPICluster.restart() starts a fresh set of engines."
 
 
-def probe(client: Any, ids_by_rank: list[int], timeout: float) -> Health:
+def ask_every_engine(client: Any, ids_by_rank: list[int], timeout: float) -> Health:
     """Ask every rank's engine for its rank; report who answered within ``timeout`` seconds."""
     t0 = time.perf_counter()
     try:

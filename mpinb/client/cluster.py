@@ -154,7 +154,7 @@ class MPICluster:
 
         Client. Never raises for a dead or stuck engine: it reports it.
         """
-        return _health.probe(self.client, self._ids_by_rank, timeout)
+        return _health.ask_every_engine(self.client, self._ids_by_rank, timeout)
 
     def deaths(self) -> str | None:
         """Which ranks died, and how, as MPI's launcher reported it (``None`` when it did not). Client.
