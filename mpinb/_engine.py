@@ -29,26 +29,28 @@ def identity() -> dict[str, Any]:
     }
 
 
-def set_up(quiet_tensorflow: bool) -> None:
-    """mpinb's collective set-up on every engine together, and this rank's thread budget.
+def set_up(started_by_mpinb: bool) -> None:
+    """mpinb's collective set-up on every engine together; on engines ``MPICluster`` started, the
+    rank's thread budget and a quiet TensorFlow too.
 
     Collective: from the first cell on, a collective that times out can name the missing ranks and
     say where each of them is. The thread budget follows the one rule, a host's cores shared by that
     host's ranks (:func:`mpinb.limit_threads`), decided here because only the ranks know which host
     they are on; a budget the user gave (``threads_per_rank``, or thread variables in the engines'
-    environment) is kept. With ``quiet_tensorflow`` (engines ``MPICluster`` started), TensorFlow's
-    C++ start-up lines, which would print once per rank in ``%%px``, are silenced.
+    environment) is kept. TensorFlow's C++ start-up lines would print once per rank in ``%%px``.
+    Engines started elsewhere (``MPICluster.connect``) are left as their owner configured them.
     """
     import mpinb
     from mpinb.comm import threads_chosen
 
     mpinb.world(timeout=_SET_UP_TIMEOUT)
+    if not started_by_mpinb:
+        return
     if not threads_chosen():
         mpinb.limit_threads(timeout=_SET_UP_TIMEOUT)  # local now: world() exchanged the hosts
-    if quiet_tensorflow:
-        from mpinb._quiet_tf import quiet_future_import
+    from mpinb._quiet_tf import quiet_future_import
 
-        quiet_future_import()
+    quiet_future_import()
 
 
 def rank() -> int:

@@ -2,7 +2,7 @@
 
 Client. ``MPICluster`` keeps what both share (the client, the view, which engine is which rank)
 and hands every step whose meaning differs to one of these: starting, stopping, restarting, what
-``with`` does, and whether the engines' set-up quiets TensorFlow. An owned cluster ends everything
+``with`` does, and whether the engines' set-up gives them a thread budget and quiets TensorFlow. An owned cluster ends everything
 it started, even when its owner dies (:mod:`mpinb.client._watchdog`); a joined cluster is left
 running, and only its engines are replaced on restart.
 """
@@ -29,7 +29,7 @@ _STOP_GRACE = 5.0  # seconds the cluster's processes get to exit after ipyparall
 class Owned:
     """A cluster this ``MPICluster`` started: a controller and ``n`` engines under ``mpiexec``."""
 
-    quiet_tensorflow = True  # our engines: TensorFlow's C++ start-up lines would print once per rank
+    started_by_mpinb = True  # its engines get a thread budget and a quiet TensorFlow (mpinb._engine.set_up)
 
     def __init__(self, options: LaunchOptions) -> None:
         self.options = options
@@ -89,7 +89,7 @@ class Owned:
 class Joined:
     """A cluster started elsewhere (``ipcluster start --engines=MPI``) that ``MPICluster.connect`` joined."""
 
-    quiet_tensorflow = False  # someone else's engines: their output is theirs to configure
+    started_by_mpinb = False  # someone else's engines: configured as their owner chose
     watchdog = None  # it must outlive this notebook
 
     def connect(self, mc: MPICluster, profile: str | None, profile_dir: str | None, cluster_id: str) -> None:
