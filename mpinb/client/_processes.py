@@ -8,7 +8,7 @@ import signal
 import subprocess
 from collections.abc import Iterable, Sequence
 
-__all__ = ["descendants", "end", "finish", "kill", "remove_files", "shared_memory_of"]
+__all__ = ["descendants", "end", "finish", "kill", "remove_files", "send", "shared_memory_of"]
 
 _DRAIN = 5.0  # seconds to read what a killed group still wrote
 
@@ -25,8 +25,13 @@ def descendants(pid: int) -> list[int]:
 
 def kill(pid: int) -> None:
     """SIGKILL ``pid`` if it still exists."""
+    send(pid, signal.SIGKILL)
+
+
+def send(pid: int, signum: int) -> None:
+    """Send ``signum`` to ``pid`` if it still exists."""
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -192,19 +192,28 @@ class MPICluster:
         """
         import signal
 
+        from mpinb.client._processes import send
+
         if self.client is None:
             raise RuntimeError("interrupt() needs a running cluster; this MPICluster is stopped.")
+        here = socket.gethostname()
         alive = set(self.client.ids)
-        targets = [eid for eid in self._ids_by_rank if eid in alive]
-        if not targets:
-            return
-        # ipyparallel's own signal request, as %%px's Stop button sends it: each engine's nanny
-        # signals its engine, on whatever host it runs.
-        sent = self.client.send_signal(signal.SIGINT, targets=targets, block=False)
-        try:
-            sent.result(timeout=_SIGNAL_WAIT)
-        except Exception:  # noqa: BLE001 - an engine gone meanwhile (healthy() names it); the others got theirs
-            pass
+        remote = []
+        for eid, pid, host in zip(self._ids_by_rank, self._engine_pids, self._engine_hosts):
+            if host == here:
+                # Straight to the process: ipyparallel's way passes through the controller and the
+                # engine's nanny, two more processes a loaded machine may schedule late.
+                send(pid, signal.SIGINT)
+            elif eid in alive:
+                remote.append(eid)
+        if remote:
+            # ipyparallel's own signal request, as %%px's Stop button sends it: each engine's nanny
+            # signals its engine, on the host where it runs.
+            sent = self.client.send_signal(signal.SIGINT, targets=remote, block=False)
+            try:
+                sent.result(timeout=_SIGNAL_WAIT)
+            except Exception:  # noqa: BLE001 - an engine gone meanwhile (healthy() names it); the others got theirs
+                pass
 
     def __enter__(self) -> MPICluster:
         return self._path.enter(self)

@@ -130,7 +130,8 @@ def test_cluster_gathers_from_every_host_in_rank_order(sim, tmp_path):
 
 def test_cluster_engines_share_each_hosts_cores(sim, tmp_path):
     """MPICluster's own thread budget ("auto"): each host's cores shared among that host's ranks,
-    decided on the engines, which know their host; the launcher here cannot know where ranks land."""
+    decided on the engines, which know their host; the launcher here cannot know where ranks land.
+    And interrupt() reaches engines on other hosts."""
     import mpinb
 
     hostfile = sim.hostfile({"host1": 1, "host2": 2}, tmp_path / "hosts")
@@ -154,6 +155,14 @@ def test_cluster_engines_share_each_hosts_cores(sim, tmp_path):
                                                           "TF_NUM_INTRAOP_THREADS"), str(e)) for e in expected]
         assert all(n <= e for pools, e in zip(cluster.pull("pools"), expected) for n in pools), cluster.pull("pools")
         assert cluster.pull("chosen") == [True, True, True]  # keras.fit keeps it
+        # Engines on other hosts (by hostname) get interrupt()'s SIGINT through their nannies.
+        ar = cluster.view.execute("import time\ntry:\n    time.sleep(60)\n    stopped = False\n"
+                                  "except KeyboardInterrupt:\n    stopped = True\n", block=False)
+        time.sleep(1.0)
+        cluster.interrupt()
+        ar.wait(timeout=20)
+        assert ar.ready(), "interrupt() did not reach the engines on the simulated hosts"
+        assert cluster.pull("stopped") == [True, True, True]
 
 
 def test_info_lists_reachable_hosts(sim, mpi_env, tmp_path):
