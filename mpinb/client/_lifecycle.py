@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from mpinb.client._ipp import engine_uuids
 from mpinb.client._processes import descendants, end, kill, remove_files, shared_memory_of
+from mpinb.client._watchdog import Watchdog
 
 if TYPE_CHECKING:
     from mpinb.client._options import LaunchOptions
-    from mpinb.client._watchdog import Watchdog
     from mpinb.client.cluster import MPICluster
 
 __all__ = ["Joined", "Owned", "tracked_pids"]
@@ -37,10 +37,6 @@ class Owned:
         self.shared_memory: set[str] = set()  # MPI's segments in /dev/shm, removed by stop()
 
     def start(self, mc: MPICluster) -> None:
-        # Imported here: the watchdog runs as ``python -m mpinb.client._watchdog``, and a module
-        # that its package's import already loaded makes runpy warn in that process.
-        from mpinb.client._watchdog import Watchdog
-
         mc.cluster = self.options.make_cluster(mc.n)
         # Before any process starts: whatever happens to this process from now on, the cluster ends
         # with it (mpinb.client._watchdog).

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from mpinb.errors import _check_int
+from mpinb._checks import check_int
 
 __all__ = ["PASSED_TO_IPYPARALLEL", "LaunchOptions"]
 
@@ -56,9 +56,9 @@ class LaunchOptions:
         cluster_kwargs: Mapping[str, Any],
     ) -> LaunchOptions:
         """The options, or the error that names the first argument that is wrong. Local."""
-        _check_int(n, "n", minimum=1, unit="number of engines")
+        check_int(n, "n", minimum=1, unit="number of engines")
         if threads_per_rank != "auto":
-            _check_int(threads_per_rank, "threads_per_rank", minimum=1, alternative="'auto'")
+            check_int(threads_per_rank, "threads_per_rank", minimum=1, alternative="'auto'")
         unknown = sorted(set(cluster_kwargs) - PASSED_TO_IPYPARALLEL)
         if unknown:
             names = ", ".join(repr(name) for name in unknown)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from mpinb.client.plotting._common import axes, distinct_colors
-from mpinb.errors import _check_int
+from mpinb._checks import check_int
 
 __all__ = ["plot_clusters"]
 
@@ -122,7 +122,7 @@ def plot_clusters(
         ids, codes = np.unique(labels, return_inverse=True)
         codes = codes.reshape(-1)
         k = len(ids)
-    _check_int(max_points, "max_points")
+    check_int(max_points, "max_points")
     present = np.unique(codes)
     if max_points < max(len(present), 1):
         raise ValueError(
