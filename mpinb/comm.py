@@ -309,7 +309,8 @@ _chosen_threads: int | None = None  # the budget limit_threads last set in this 
 
 def threads_chosen() -> bool:
     """Whether this rank already has a thread budget: set by :func:`limit_threads`, or given in
-    its environment (``mpinb.MPICluster`` and ``mpiexec`` through ``mpinb.client.launch`` do).
+    its environment (``mpinb.MPICluster``'s engines have one from the start; ``mpinb.client.launch``
+    gives one when asked for ``threads_per_rank``).
 
     Local. Helpers that would pick a budget for the user (``mpinb.keras.fit``) do so only when
     this is false, so they never undo the user's choice.

@@ -149,7 +149,9 @@ def run_mpi_tier(n: int, env: dict[str, str], extra: list[str]) -> int:
         find_mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "pytest", str(ROOT / "tests" / "mpi"),
         "-q", "-x", f"--timeout={PER_TEST_TIMEOUT}", "--timeout-method=thread", *extra,
     ]
-    return run(cmd, dict(mpi_env(n, base=env), MPINB_TEST_TIER="mpi"), TIER_TIMEOUT["mpi"])
+    # One thread per rank, given explicitly: the ranks share this machine's cores, and correctness
+    # tests gain nothing from more (the launcher sets no budget by itself: the ranks decide).
+    return run(cmd, dict(mpi_env(n, threads_per_rank=1, base=env), MPINB_TEST_TIER="mpi"), TIER_TIMEOUT["mpi"])
 
 
 def multihost_unavailable() -> str | None:

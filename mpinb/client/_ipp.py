@@ -1,15 +1,26 @@
 """What mpinb needs from ipyparallel beyond its public API, in one place. Client.
 
-ipyparallel sends one execute request per engine, each with its own message id, so nothing in a
-request tells an engine which requests to the other engines belong to the same cell. A
-``DirectView.execute`` call passes one metadata dict to every request it sends; stamping that dict
-once gives every engine of one cell the same id, and the engine ids it goes to
-(:mod:`mpinb._collective.cells` reads them in the engines' ``pre_execute`` hook).
+Everything here reaches into ipyparallel's private parts or patches its classes; each item says
+why, and was checked against ipyparallel 9.2.0. The rest of mpinb uses ipyparallel's public API
+only (``Cluster``, ``Client``, ``DirectView``, ``client.send_signal``, launchers' ``pid`` and
+``get_output()``).
 
-ipyparallel's ``%%px`` sends SIGINT to the engines when its blocking wait is interrupted (the Stop
-button), shows their output and returns: the ranks' errors -- the one that started it all among
-them -- are never shown. :func:`px_magics` waits a moment for them and raises them as any failed
-cell does, grouped by rank.
+- :func:`stamp_cells` wraps ``Client._build_targets`` and ``Client.send_execute_request``:
+  ipyparallel sends one execute request per engine, each with its own message id, so nothing in a
+  request tells an engine which requests to the other engines belong to the same cell. A
+  ``DirectView.execute`` call passes one metadata dict to every request it sends; stamping that dict
+  once gives every engine of one cell the same id, and the engine ids it goes to
+  (:mod:`mpinb._collective.cells` reads them in the engines' ``pre_execute`` hook).
+- :func:`px_magics` and :func:`activate` subclass ``ParallelMagics``: ipyparallel's ``%%px`` sends
+  SIGINT to the engines when its blocking wait is interrupted (the Stop button), shows their output
+  and returns: the ranks' errors -- the one that started it all among them -- are never shown. The
+  subclass waits a moment for them and raises them as any failed cell does, grouped by rank.
+- :func:`group_composite_errors` replaces ``CompositeError.render_traceback``, so that one error
+  raised by 16 ranks shows once.
+- :func:`engine_uuids` reads ``Client._engines``: the only place that tells an engine from a new one
+  that the hub gave the same id.
+- :func:`engine_deaths` reads the engine launcher's output, whose lines are ipyparallel's (and
+  Hydra's) log format, not an API.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from typing import Any
 
 from mpinb._collective.cells import CELL_KEY, TARGETS_KEY
 
-__all__ = ["engine_deaths", "px_magics", "stamp_cells"]
+__all__ = ["activate", "engine_deaths", "engine_uuids", "group_composite_errors", "px_magics", "stamp_cells"]
 
 _STOP_WAIT = 10.0  # seconds a stopped %%px cell waits for every rank's outcome
 _RELAY_EVERY = 0.25  # seconds between looks at a running cell's notices
@@ -90,6 +101,56 @@ def px_magics(shell: Any, view: Any, deaths: Callable[[], str | None] | None = N
     return StoppedCellsShowTheirErrors(shell, view, "")
 
 
+def activate(view: Any, deaths: Callable[[], str | None] | None = None) -> None:
+    """Make ``view`` the target of ``%%px`` in a notebook, with errors grouped by rank.
+
+    What ``view.activate()`` does, with :func:`px_magics` in place of ipyparallel's magics (its
+    ``activate`` takes no magics class), and output shown when every rank is done rather than
+    streamed: streamed, each rank's error prints on its own as it arrives (16 ranks, 16
+    tracebacks); at the end, identical errors show once, with the ranks that raised them.
+    ``%%px --stream`` (or ``%pxconfig --stream``) streams again.
+    """
+    group_composite_errors()
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is not None:
+        magics = px_magics(ip, view, deaths)
+        magics.stream_output = False
+        ip.magics_manager.register(magics)
+
+
+def group_composite_errors() -> None:
+    """Render ``CompositeError`` (what ``%%px`` and ``view.execute`` raise) once per distinct error,
+    named by rank, and give it ``by_rank``; idempotent.
+
+    ipyparallel prints every engine's traceback in turn and offers no hook for its rendering, so
+    the class's ``render_traceback`` is replaced (it is what IPython's ``_render_traceback_``
+    calls). The rendering itself is :mod:`mpinb.client._tracebacks`'.
+    """
+    from ipyparallel import error
+
+    from mpinb.client._tracebacks import by_rank, render
+
+    if getattr(error.CompositeError, "_mpinb_grouped", False):
+        return
+    error.CompositeError.render_traceback = render
+    error.CompositeError.by_rank = property(by_rank)
+    error.CompositeError._mpinb_grouped = True
+
+
+def engine_uuids(client: Any) -> dict[int, Any]:
+    """Each registered engine's uuid, by engine id.
+
+    After a restart the hub may still list dead engines, or hand their ids to new ones; only the
+    uuid tells them apart, and ``Client._engines`` (id -> uuid) is the one place the client keeps
+    it: ipyparallel has no public accessor.
+    """
+    return dict(getattr(client, "_engines", {}))
+
+
 def _require_engines(view: Any) -> None:
     """Refuse a cell for engines that are gone, naming their ranks and the way out."""
     from mpinb.client._tracebacks import rank_of_engine, rank_ranges
@@ -136,7 +197,9 @@ class _NoticeRelay:
             if result is None:
                 continue
             try:
-                stderr = result.stderr  # in the order of the cell's targets, updated as output arrives
+                # result.stderr is in the order of the cell's targets, updated as output arrives;
+                # AsyncResult keeps those targets only in its private _targets.
+                stderr = result.stderr
                 texts = list(zip(result._targets, stderr if isinstance(stderr, list) else [stderr]))
             except Exception:  # noqa: BLE001 - no metadata yet
                 continue

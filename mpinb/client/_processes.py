@@ -1,12 +1,16 @@
-"""Ending processes by PID, with their descendants: the one way the client side does it."""
+"""Ending processes, the one way the client side does it: by PID with their descendants (:func:`end`,
+:func:`kill`), or a child started in a session of its own with its whole group (:func:`finish`)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import Iterable, Sequence
 
-__all__ = ["descendants", "end", "kill", "remove_files", "shared_memory_of"]
+__all__ = ["descendants", "end", "finish", "kill", "remove_files", "send", "shared_memory_of"]
+
+_DRAIN = 5.0  # seconds to read what a killed group still wrote
 
 
 def descendants(pid: int) -> list[int]:
@@ -21,8 +25,13 @@ def descendants(pid: int) -> list[int]:
 
 def kill(pid: int) -> None:
     """SIGKILL ``pid`` if it still exists."""
+    send(pid, signal.SIGKILL)
+
+
+def send(pid: int, signum: int) -> None:
+    """Send ``signum`` to ``pid`` if it still exists."""
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -46,6 +55,39 @@ def end(pids: Sequence[int], grace: float, *, terminate: bool = False) -> None:
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=2.0)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float | None) -> tuple[str | None, int | None]:
+    """``proc``'s output and exit status; after ``timeout`` seconds, or when the wait itself is
+    interrupted (Ctrl-C), SIGKILL its whole process group first.
+
+    ``proc`` must have been started with ``start_new_session=True``, so that its group holds
+    everything it started (``mpiexec``'s proxies and ranks, ``ssh``) and nothing else. Returns status
+    ``None`` after a timeout, with what it wrote until then; re-raises an interruption after the kill.
+    """
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return out, proc.returncode
+    except subprocess.TimeoutExpired:
+        return _kill_group(proc), None
+    except BaseException:
+        _kill_group(proc)
+        raise
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> str:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        out, _ = proc.communicate(timeout=_DRAIN)
+    except subprocess.TimeoutExpired:  # a grandchild outside the group still holds the pipe
+        out = ""
+        if proc.stdout is not None:
+            proc.stdout.close()
+        proc.wait()
+    return out or ""
 
 
 def _processes(pids: Iterable[int]) -> list:

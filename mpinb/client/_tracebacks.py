@@ -1,9 +1,10 @@
 """Errors from many ranks, shown once per distinct error and named by MPI rank.
 
 Client. mpinb's collectives raise the same exception on every rank, so a failing 16-rank ``%%px``
-cell would print 16 identical tracebacks. :func:`install` makes ipyparallel's ``CompositeError``
-(what ``%%px`` and ``view.execute`` raise) render each distinct error once, with the ranks that
-raised it, and gives it ``by_rank``: each rank's own error, one attribute away.
+cell would print 16 identical tracebacks. :func:`render` shows ipyparallel's ``CompositeError``
+(what ``%%px`` and ``view.execute`` raise) as each distinct error once, with the ranks that raised
+it, and :func:`by_rank` gives each rank's own error, one attribute away
+(:func:`mpinb.client._ipp.group_composite_errors` installs both on the class).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from mpinb._words import rank_ranges
 
-__all__ = ["install", "rank_of_engine", "rank_ranges", "remember_ranks"]
+__all__ = ["by_rank", "rank_of_engine", "rank_ranges", "remember_ranks", "render"]
 
 _rank_of_engine: dict[int, int] = {}
 
@@ -27,17 +28,6 @@ def rank_of_engine(engine_id: int) -> int:
     return _rank_of_engine.get(engine_id, engine_id)
 
 
-def install() -> None:
-    """Render ``CompositeError`` grouped by distinct error; idempotent."""
-    from ipyparallel import error
-
-    if getattr(error.CompositeError, "_mpinb_grouped", False):
-        return
-    error.CompositeError.render_traceback = _render
-    error.CompositeError.by_rank = property(_by_rank)
-    error.CompositeError._mpinb_grouped = True
-
-
 def _who(engine_info: dict | None) -> tuple[str, int]:
     eid = (engine_info or {}).get("engine_id")
     if eid in _rank_of_engine:
@@ -45,7 +35,8 @@ def _who(engine_info: dict | None) -> tuple[str, int]:
     return "engine", -1 if eid is None else int(eid)
 
 
-def _by_rank(self: Any) -> dict[int, Any]:
+def by_rank(self: Any) -> dict[int, Any]:
+    """Each rank's own error of a ``CompositeError`` (``self``), as a ``RemoteError``."""
     from ipyparallel import error
 
     out = {}
@@ -56,7 +47,8 @@ def _by_rank(self: Any) -> dict[int, Any]:
     return out
 
 
-def _render(self: Any, excid: int | None = None) -> list[str]:
+def render(self: Any, excid: int | None = None) -> list[str]:
+    """The lines a ``CompositeError`` (``self``) shows: each distinct error once, with its ranks."""
     if excid is not None:
         en, ev, etb, ei = self.elist[excid]
         return [f"[{' '.join(map(str, _who(ei)))}]:", *(etb or "No traceback available").splitlines()]

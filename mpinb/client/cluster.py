@@ -2,56 +2,22 @@
 
 from __future__ import annotations
 
-import logging
-import os
 import socket
-import time
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mpinb.client._ipp import ENGINE_EXIT, NANNY_SAW_EXIT, engine_deaths, px_magics, stamp_cells
-from mpinb.client._processes import descendants, end, kill, remove_files, shared_memory_of
-from mpinb.client._tracebacks import install as install_grouped_tracebacks
-from mpinb.client._tracebacks import rank_ranges, remember_ranks
-from mpinb.client._watchdog import Watchdog
-from mpinb.errors import _check_int
+from mpinb import _engine
+from mpinb.client import _health
+from mpinb.client._health import Health
+from mpinb.client._ipp import activate, stamp_cells
+from mpinb.client._lifecycle import Joined, Owned, tracked_pids
+from mpinb.client._options import LaunchOptions
+from mpinb.client._tracebacks import remember_ranks
 
 __all__ = ["Health", "MPICluster"]
 
-
-@dataclass(frozen=True)
-class Health:
-    """Which MPI ranks answered a probe (see :meth:`MPICluster.healthy`); true when all did.
-
-    ``silent`` ranks have engines that did not answer in time (busy, or stuck); ``dead`` ranks have
-    no engine any more (it died, and MPI ended the others of its world with it, usually).
-    """
-
-    answered: list[int]
-    silent: list[int]
-    seconds: float = field(default=0.0)
-    dead: list[int] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.silent and not self.dead
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    def __str__(self) -> str:
-        if self.ok:
-            return f"all {len(self.answered)} ranks answered in {self.seconds:.2f} s"
-        parts = []
-        if self.dead:
-            parts.append(f"{_ranks(self.dead)} {'has' if len(self.dead) == 1 else 'have'} no engine any more "
-                         "(it died)")
-        if self.silent:
-            parts.append(f"{_ranks(self.silent)} did not answer within {self.seconds:.1f} s (busy in a cell, "
-                         "or blocked outside mpinb)")
-        return "; ".join(parts) + "; MPICluster.restart() starts a fresh set of engines."
+_SIGNAL_WAIT = 5.0  # seconds interrupt() waits for the engines' nannies to confirm the signal
 
 
 class MPICluster:
@@ -60,7 +26,8 @@ class MPICluster:
     Client: runs in the notebook kernel, never imports ``mpi4py.MPI`` there. Starting it launches a
     controller (listening on the loopback interface by default) and ``n`` engines through
     ``mpiexec``, waits for them, checks that they form one MPI world with ranks ``0..n-1``, and
-    activates ``%%px`` on a view ordered by rank. Each engine gets a thread budget and, when the
+    activates ``%%px`` on a view ordered by rank. Each engine gets a thread budget (its host's cores
+    shared among that host's ranks, unless ``threads_per_rank`` says otherwise) and, when the
     machine has fewer cores than ranks, MPICH's yield settings, so ranks don't starve each other.
 
     Parameters
@@ -72,7 +39,8 @@ class MPICluster:
     env : mapping, optional
         Extra environment variables for the engines.
     threads_per_rank : int or "auto", default "auto"
-        BLAS/OpenMP/TensorFlow threads per engine; "auto" shares this machine's cores.
+        BLAS/OpenMP/TensorFlow threads per engine; "auto" shares each host's cores among the ranks
+        on that host (decided on the engines, as :func:`mpinb.limit_threads` does).
     log_level : str or int, default "ERROR"
         ipyparallel's log level; above ERROR, stopping a cluster prints engine logs into the cell.
     timeout : float, default 120
@@ -84,7 +52,14 @@ class MPICluster:
     config : traitlets.config.Config or dict, optional
         Extra ipyparallel configuration, merged last (e.g. another engine command).
     cluster_kwargs
-        Passed to :class:`ipyparallel.Cluster` (``profile_dir``, ``cluster_id``, ...).
+        Passed to :class:`ipyparallel.Cluster`: ``profile``, ``profile_dir``, ``cluster_id``, ``cluster_file``,
+        ``controller_args``, ``controller_launcher_class``, ``controller_location``, ``delay``,
+        ``engine_timeout``, ``load_profile``, ``send_engines_connection_env``, ``shutdown_atexit``.
+
+    Raises
+    ------
+    TypeError
+        For any other keyword argument (naming it), or ``n``/``threads_per_rank`` not an integer.
 
     Examples
     --------
@@ -108,28 +83,20 @@ class MPICluster:
         config: Any = None,
         **cluster_kwargs: Any,
     ) -> None:
-        _check_int(n, "n", minimum=1, unit="number of engines")
-        if threads_per_rank != "auto":
-            _check_int(threads_per_rank, "threads_per_rank", minimum=1, alternative="'auto'")
-        self.n = n
-        self.timeout = float(timeout)
-        self._mpi_args = list(mpi_args or [])
-        self._env = dict(env or {})
-        self._threads = threads_per_rank
-        self._log_level = logging.getLevelName(log_level) if isinstance(log_level, str) else int(log_level)
-        self._controller_ip = controller_ip
-        self._config = config
-        self._cluster_kwargs = cluster_kwargs
+        options = LaunchOptions.check(
+            n, mpi_args=mpi_args, env=env, threads_per_rank=threads_per_rank, log_level=log_level, timeout=timeout,
+            controller_ip=controller_ip, config=config, cluster_kwargs=cluster_kwargs,
+        )
+        self.n = options.n
+        self.timeout = options.timeout
         self.cluster: Any = None
         self.client: Any = None
         self.view: Any = None
         self._ids_by_rank: list[int] = []
         self._engine_pids: list[int] = []
         self._engine_hosts: list[str] = []
-        self._owns_cluster = True
         self._on_start: list[str] = []
-        self._shared_memory: set[str] = set()  # MPI's segments in /dev/shm, removed by stop()
-        self._watchdog: Watchdog | None = None  # only for a cluster this object started
+        self._path: Owned | Joined = Owned(options)  # connect() makes it Joined
         if start:
             self.start()
 
@@ -137,46 +104,8 @@ class MPICluster:
 
     def start(self) -> MPICluster:
         """Start the controller and engines, wait for them and check the MPI world. Client."""
-        if self.cluster is not None:
-            return self
-        if not self._owns_cluster:
-            raise RuntimeError("This MPICluster joined a cluster it did not start (connect()); it cannot start one.")
-        import ipyparallel as ipp
-
-        from mpinb.client.launch import find_mpiexec, mpi_env
-
-        threads = None if self._threads == "auto" else int(self._threads)
-        base_env = mpi_env(self.n, threads_per_rank=threads, base={})
-        engine_env = {**base_env, "PYTHONUNBUFFERED": "1", **self._env}
-        config = _config(
-            {
-                "MPILauncher": {"mpi_cmd": [find_mpiexec()], "mpi_args": self._mpi_args},
-                "MPIEngineSetLauncher": {"environment": engine_env},
-            },
-            self._config,
-        )
-        self.cluster = ipp.Cluster(
-            engines="mpi",
-            n=self.n,
-            controller_ip=self._controller_ip,
-            log_level=self._log_level,
-            config=config,
-            **self._cluster_kwargs,
-        )
-        # Before any process starts: whatever happens to this process from now on, the cluster ends
-        # with it (mpinb.client._watchdog).
-        self._watchdog = Watchdog()
-        try:
-            self.cluster.start_cluster_sync()
-            self._watch_launchers()
-            self.client = self.cluster.connect_client_sync()
-            self._identify(self._wait_for_new_engines(set()))
-            self._watchdog.watch(self._local_engine_pids)
-            self._protect_files()
-            self._shared_memory = shared_memory_of(self._local_engine_pids)
-        except BaseException:
-            self.stop()
-            raise
+        if self.cluster is None:
+            self._path.start(self)
         return self
 
     @classmethod
@@ -188,53 +117,21 @@ class MPICluster:
         Client. The engines must be MPI ranks of one world. :meth:`stop` on a connected cluster
         only disconnects; :meth:`restart` works when ipyparallel's cluster file is available.
         """
-        import ipyparallel as ipp
-
-        # A whole object (every attribute __init__ sets), marked as joined rather than owned:
-        # stop() then leaves the cluster running and start() refuses.
+        # A whole object (every attribute __init__ sets), holding a joined cluster rather than an
+        # owned one: stop() then leaves the cluster running and start() refuses.
         self = cls(1, timeout=timeout, start=False)
-        self._owns_cluster = False
-        try:
-            self.cluster = ipp.Cluster.from_file(profile=profile, profile_dir=profile_dir, cluster_id=cluster_id)
-            self.client = self.cluster.connect_client_sync()
-        except Exception:  # noqa: BLE001 - no cluster file: connect by profile alone
-            kwargs = {k: v for k, v in (("profile", profile), ("profile_dir", profile_dir)) if v}
-            self.client = ipp.Client(cluster_id=cluster_id or None, **kwargs)
-        self.client.wait_for_engines(1, timeout=self.timeout)
-        self.n = len(self.client.ids)
-        self._identify(sorted(self.client.ids))
+        self._path = Joined()
+        self._path.connect(self, profile, profile_dir, cluster_id)
         return self
 
     def stop(self) -> None:
         """Stop engines, ``mpiexec`` and the controller, and make sure no process is left. Client.
 
         Processes that outlive ipyparallel's own shutdown (an engine stuck in a collective keeps
-        spinning; ``mpiexec`` ignores SIGTERM for seconds) are killed.
+        spinning; ``mpiexec`` ignores SIGTERM for seconds) are killed. A joined cluster
+        (:meth:`connect`) keeps running: this only disconnects from it.
         """
-        pids = self._tracked_pids()
-        if self.client is not None:
-            try:
-                self.client.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
-        if self.cluster is not None and self._owns_cluster:
-            self._kill_engines()
-            try:
-                self.cluster.stop_cluster_sync()
-            except Exception:  # noqa: BLE001 - already dead processes
-                pass
-            end(pids, grace=5.0)
-            # MPI's shared-memory segments outlive engines that did not finalize (SIGKILLed above, or
-            # dead before): remove this world's, found in the engines' memory maps at start.
-            remove_files(self._shared_memory)
-            self._shared_memory = set()
-        if self._watchdog is not None:
-            self._watchdog.release()
-            self._watchdog = None
-        self.client = self.view = None
-        if self._owns_cluster:
-            self.cluster = None
-        self._ids_by_rank = []
+        self._path.stop(self)
 
     def restart(self, *, timeout: float | None = None) -> MPICluster:
         """Replace every engine by a fresh MPI world of the same size and wait for the new one. Client.
@@ -247,23 +144,9 @@ class MPICluster:
         ``cluster.client``/``cluster.view`` are new objects; a joined cluster (:meth:`connect`)
         keeps its controller, and its new engines get new ids (addressed by rank as always).
         """
-        if self._owns_cluster and self.cluster is not None:
-            saved = self.timeout
-            self.timeout = saved if timeout is None else float(timeout)
-            try:
-                self.stop()
-                self.start()
-            finally:
-                self.timeout = saved
-            return self
         if self.cluster is None:
             raise RuntimeError("restart() needs a cluster started by MPICluster or found from its cluster file.")
-        # A joined cluster, found from its cluster file: new engines under its own controller.
-        old = self._engine_keys()
-        self._kill_engines()
-        self.cluster.stop_engines_sync()
-        self.cluster.start_engines_sync(self.n)
-        self._identify(self._wait_for_new_engines(old, timeout=timeout))
+        self._path.restart(self, timeout)
         return self
 
     def healthy(self, timeout: float = 5.0) -> Health:
@@ -271,31 +154,7 @@ class MPICluster:
 
         Client. Never raises for a dead or stuck engine: it reports it.
         """
-        t0 = time.perf_counter()
-        try:
-            alive = set(self.client.ids)
-        except Exception:  # noqa: BLE001 - a closed client: nothing answers
-            alive = set()
-        dead = [rank for rank, eid in enumerate(self._ids_by_rank) if eid not in alive]
-        pending = {}
-        for rank, eid in enumerate(self._ids_by_rank):
-            if eid in alive:
-                try:
-                    pending[rank] = self.client[eid].apply_async(_rank_here)
-                except Exception:  # noqa: BLE001 - unregistered between the two looks
-                    dead.append(rank)
-        deadline = t0 + timeout
-        while time.perf_counter() < deadline and not all(ar.ready() for ar in pending.values()):
-            time.sleep(0.02)
-        silent = [rank for rank, ar in pending.items() if not ar.ready()]
-        answered = [rank for rank, ar in pending.items() if ar.ready() and ar.successful()]
-        dead += [rank for rank, ar in pending.items() if ar.ready() and not ar.successful()]
-        for rank in silent:
-            try:  # don't leave the probe queued behind the stuck cell
-                self.client.abort(pending[rank].msg_ids)
-            except Exception:  # noqa: BLE001
-                pass
-        return Health(answered=answered, silent=silent, seconds=time.perf_counter() - t0, dead=sorted(dead))
+        return _health.ask_every_engine(self.client, self._ids_by_rank, timeout)
 
     def deaths(self) -> str | None:
         """Which ranks died, and how, as MPI's launcher reported it (``None`` when it did not). Client.
@@ -305,27 +164,7 @@ class MPICluster:
         """
         if self.cluster is None:
             return None
-        give_up = time.monotonic() + 1.0  # mpiexec's report (with the signal) may follow the nannies
-        while True:
-            text = ""
-            for launcher in list(self.cluster.engines.values()):
-                try:
-                    text += launcher.get_output() or ""
-                except Exception:  # noqa: BLE001 - no output file
-                    continue
-            if not NANNY_SAW_EXIT.search(text) or ENGINE_EXIT.search(text) or time.monotonic() > give_up:
-                break
-            time.sleep(0.05)
-        found = []
-        for engine, pid, how in engine_deaths(text):
-            rank = self._ids_by_rank.index(engine) if engine in self._ids_by_rank else None
-            if rank is None and pid in self._engine_pids:
-                rank = self._engine_pids.index(pid)
-            found.append(f"rank {rank if rank is not None else '?'} (engine {engine}, pid {pid}) died"
-                         + (f" ({how})" if how != "its process ended" else ""))
-        if not found:
-            return None
-        return "; ".join(found) + "; MPI ended the other ranks with it: cluster.restart() starts a fresh set of engines."
+        return _health.deaths(self.cluster, self._ids_by_rank, self._engine_pids)
 
     def on_start(self, code: str) -> None:
         """Run ``code`` on every engine now, and again on the fresh engines after every :meth:`restart`. Client.
@@ -351,19 +190,33 @@ class MPICluster:
         the signal (the next collective works again); plain Python code is interrupted as usual. A rank blocked inside
         its own raw MPI call does not react: use :meth:`restart` then.
         """
-        import signal as _signal
+        import signal
 
-        local = self._local_engine_pids
-        if local and len(local) == len(self._engine_pids):
-            for pid in local:
-                os.kill(pid, _signal.SIGINT)
-        elif self.cluster is not None:  # engines on other hosts: ask their launcher
-            self.cluster.signal_engines_sync(_signal.SIGINT)
-        else:
-            raise RuntimeError("interrupt() needs engines on this host or a cluster file to signal them.")
+        from mpinb.client._processes import send
+
+        if self.client is None:
+            raise RuntimeError("interrupt() needs a running cluster; this MPICluster is stopped.")
+        here = socket.gethostname()
+        alive = set(self.client.ids)
+        remote = []
+        for eid, pid, host in zip(self._ids_by_rank, self._engine_pids, self._engine_hosts):
+            if host == here:
+                # Straight to the process: ipyparallel's way passes through the controller and the
+                # engine's nanny, two more processes a loaded machine may schedule late.
+                send(pid, signal.SIGINT)
+            elif eid in alive:
+                remote.append(eid)
+        if remote:
+            # ipyparallel's own signal request, as %%px's Stop button sends it: each engine's nanny
+            # signals its engine, on the host where it runs.
+            sent = self.client.send_signal(signal.SIGINT, targets=remote, block=False)
+            try:
+                sent.result(timeout=_SIGNAL_WAIT)
+            except Exception:  # noqa: BLE001 - an engine gone meanwhile (healthy() names it); the others got theirs
+                pass
 
     def __enter__(self) -> MPICluster:
-        return self.start() if self._owns_cluster else self
+        return self._path.enter(self)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -383,7 +236,7 @@ class MPICluster:
         """The value of ``name`` in every engine's namespace, as a list indexed by MPI rank. Client."""
         import ipyparallel as ipp
 
-        pairs = self._view().apply_sync(_with_rank, ipp.Reference(name))
+        pairs = self._view().apply_sync(_engine.with_rank, ipp.Reference(name))
         return [value for _, value in sorted(pairs, key=lambda pair: pair[0])]
 
     def pull_root(self, name: str) -> Any:
@@ -418,39 +271,17 @@ class MPICluster:
         for fut in futures:
             fut.get(self.timeout)
 
-    # -- internals -----------------------------------------------------------------------------
+    # -- internals (shared by both kinds of cluster: mpinb.client._lifecycle) -------------------
 
     def _view(self) -> Any:
         if self.view is None:
             raise RuntimeError("this MPICluster is stopped; start() or restart() it first.")
         return self.view
 
-    def _engine_keys(self) -> set[Any]:
-        """An identity per registered engine that survives id reuse: the engine's uuid."""
-        if self.client is None:
-            return set()
-        uuids = getattr(self.client, "_engines", {})
-        return {(eid, uuids.get(eid)) for eid in self.client.ids}
-
-    def _wait_for_new_engines(self, old: set[Any], timeout: float | None = None) -> list[int]:
-        limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        while True:
-            # After a restart the hub may still list dead engines, or hand their ids to the new
-            # ones: an engine is new when its (id, uuid) was not registered before.
-            new = {eid for eid, _ in self._engine_keys() - old}
-            if len(new) >= self.n:
-                return sorted(new)
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"only {len(new)} of {self.n} MPI engines registered within {limit:.0f} s; "
-                    "check `mpinb info` and the engines' log in the profile directory."
-                )
-            time.sleep(0.05)
-
     def _identify(self, ids: list[int]) -> None:
+        """Learn which engine is which rank, check they form one world, and set every engine up."""
         view = self.client.direct_view(targets=ids)
-        found = view.apply_sync(_engine_identity)
+        found = view.apply_sync(_engine.identity)
         by_eid = dict(zip(ids, found))
         sizes = {info["size"] for info in found}
         ranks = sorted(info["rank"] for info in found)
@@ -466,33 +297,28 @@ class MPICluster:
         stamp_cells(self.client)  # every engine learns which cell a request belongs to
         self.view = self.client.direct_view(targets=self._ids_by_rank)
         self.view.block = True
-        _activate(self.view, self.deaths)
-        # mpinb's collective set-up now, on every engine together: from the first cell on, a
-        # collective that times out can name the missing ranks and say where each of them is.
-        self.view.apply_sync(_set_up_collectives, self._owns_cluster)
+        activate(self.view, self.deaths)
+        # mpinb's collective set-up (and each rank's thread budget) now, on every engine together.
+        self.view.apply_sync(_engine.set_up, self._path.started_by_mpinb)
         for code in self._on_start:  # fresh engines after restart(): the setup the notebook asked for
             self.view.execute(code, block=True)
 
-    def _protect_files(self) -> None:
-        """Owner-only modes for everything in the profile's security folder. ipyparallel already
-        writes the connection files (which hold the key) 0600; its cluster file (launcher state and
-        pids, no key) is 0644, and there is no reason for others to read it either."""
-        security = os.path.join(str(self.cluster.profile_dir), "security")
-        if os.path.isdir(security):
-            os.chmod(security, 0o700)
-            for name in os.listdir(security):
-                os.chmod(os.path.join(security, name), 0o600)
+    def _disconnect(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+        self.client = self.view = None
+        self._ids_by_rank = []
 
     def _tracked_pids(self) -> list[int]:
-        pids = list(self._local_engine_pids)
-        if self.cluster is not None:
-            launchers = [self.cluster.controller, *self.cluster.engines.values()]
-            for launcher in launchers:
-                pid = getattr(launcher, "pid", None) if launcher is not None else None
-                if pid:
-                    pids.append(pid)
-                    pids.extend(descendants(pid))
-        return sorted(set(pids))
+        return tracked_pids(self)
+
+    @property
+    def _watchdog(self) -> Any:
+        """The watchdog of a cluster this object started (None otherwise, and once stopped)."""
+        return self._path.watchdog
 
     @property
     def _local_engine_pids(self) -> list[int]:
@@ -500,94 +326,3 @@ class MPICluster:
         only ones this machine may signal."""
         here = socket.gethostname()
         return [pid for pid, host in zip(self._engine_pids, self._engine_hosts) if host == here]
-
-    def _watch_launchers(self) -> None:
-        """Give the watchdog the controller's and mpiexec's PIDs (it ends their trees too)."""
-        if self._watchdog is None or self.cluster is None:
-            return
-        launchers = [self.cluster.controller, *self.cluster.engines.values()]
-        self._watchdog.watch(getattr(launcher, "pid", None) for launcher in launchers if launcher is not None)
-
-    def _kill_engines(self) -> None:
-        """SIGKILL the engines' mpiexec trees: graceful stops wait on ranks that may be spinning."""
-        if self.cluster is None:
-            return
-        for launcher in list(self.cluster.engines.values()):
-            pid = getattr(launcher, "pid", None)
-            if pid:
-                for child in [*descendants(pid), pid]:
-                    kill(child)
-        for pid in self._local_engine_pids:
-            kill(pid)
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
-
-
-def _engine_identity() -> dict[str, Any]:
-    import os
-    import socket
-
-    from mpi4py import MPI
-
-    return {
-        "rank": MPI.COMM_WORLD.Get_rank(),
-        "size": MPI.COMM_WORLD.Get_size(),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-    }
-
-
-def _set_up_collectives(quiet_tensorflow: bool) -> None:
-    import mpinb
-
-    mpinb.world(timeout=120)
-    if quiet_tensorflow:
-        # Engines we started: TensorFlow's C++ start-up lines would print once per rank in %%px.
-        from mpinb._quiet_tf import quiet_future_import
-
-        quiet_future_import()
-
-
-def _rank_here() -> int:
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.Get_rank()
-
-
-def _with_rank(value: Any) -> tuple[int, Any]:
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.Get_rank(), value
-
-
-def _config(base: dict[str, Any], extra: Any) -> Any:
-    from traitlets.config import Config
-
-    config = Config(base)
-    if extra is not None:
-        config.merge(extra if isinstance(extra, Config) else Config(extra))
-    return config
-
-
-def _activate(view: Any, deaths: Any = None) -> None:
-    """Make ``view`` the target of ``%%px`` in a notebook, with errors grouped by rank.
-
-    What ``view.activate()`` does, except that output is shown when every rank is done rather than
-    streamed: streamed, each rank's error prints on its own as it arrives (16 ranks, 16
-    tracebacks); at the end, identical errors show once, with the ranks that raised them.
-    ``%%px --stream`` (or ``%pxconfig --stream``) streams again.
-    """
-    install_grouped_tracebacks()
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    ip = get_ipython()
-    if ip is not None:
-        magics = px_magics(ip, view, deaths)
-        magics.stream_output = False
-        ip.magics_manager.register(magics)
-
-

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from mpinb.client._processes import finish
 from mpinb.comm import thread_env
 
 __all__ = ["find_mpiexec", "mpi_env", "run_mpi"]
@@ -42,16 +43,20 @@ def find_mpiexec() -> str:
 
 
 def mpi_env(n: int, *, threads_per_rank: int | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for ``n`` ranks on this machine: a thread budget per rank and MPICH's yield
-    settings, without overriding anything the user set explicitly.
+    """Environment for ``n`` ranks started from this machine: MPICH's yield settings when the ranks
+    outnumber its cores, and ``threads_per_rank`` threads for every pool when given, without
+    overriding anything the user set explicitly.
 
-    Local.
+    Local. Without ``threads_per_rank`` no thread budget is set: the launcher cannot know how many
+    ranks land on each host (a hostfile, or Hydra inside a Slurm allocation, spreads them), so each
+    rank decides, from the hosts the ranks exchanged: :func:`mpinb.limit_threads` (which ``MPICluster``'s
+    engines, ``mpinb.keras.fit`` and mpinb's jobs call) shares a host's cores among that host's ranks.
     """
     env = dict(os.environ if base is None else base)
+    if threads_per_rank is not None:
+        for var, value in thread_env(threads_per_rank).items():
+            env.setdefault(var, value)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = threads_per_rank or max(1, cores // max(1, n))
-    for var, value in thread_env(threads).items():
-        env.setdefault(var, value)
     if n > cores:
         for var, value in _MPICH_YIELD.items():
             env.setdefault(var, value)
@@ -81,22 +86,7 @@ def run_mpi(
         text=True,
         start_new_session=True,
     )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise
-    except BaseException:
-        _kill_group(proc)
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    out, code = finish(proc, timeout)
+    if code is None:
+        raise subprocess.TimeoutExpired(cmd, timeout or 0.0, output=out)
+    return subprocess.CompletedProcess(cmd, code, out, None)

@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mpinb.client._processes import finish
 from mpinb.client._tracebacks import rank_ranges
 
 __all__ = [
@@ -170,7 +170,7 @@ def check_hosts(
         findings = []
         deadline = time.monotonic() + timeout
         for host, (t0, proc) in started.items():
-            out, code = _finish(proc, max(0.1, deadline - time.monotonic()))
+            out, code = finish(proc, max(0.1, deadline - time.monotonic()))
             seconds = time.monotonic() - t0
             findings.append(_host_finding(host, name, python, controller_ip, out, code, seconds, timeout))
         return findings
@@ -207,7 +207,7 @@ def check_mpi_across(
            "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "mpinb.jobs.rankcheck"]
     t0 = time.monotonic()
     try:
-        out, code = _finish(_spawn(cmd, mpi_env(n, base=os.environ if env is None else env)), timeout)
+        out, code = finish(_spawn(cmd, mpi_env(n, base=os.environ if env is None else env)), timeout)
     finally:
         os.unlink(f.name)
     seconds = time.monotonic() - t0
@@ -229,7 +229,7 @@ def check_srun(*, timeout: float = 20.0, python: str | None = None, env: Mapping
                         "node with Slurm's client tools, or start the ranks with mpiexec and a hostfile.")]
     findings = []
     listing = "srun --mpi=list"
-    out, code = _finish(_spawn([exe, "--mpi=list"], env), timeout)
+    out, code = finish(_spawn([exe, "--mpi=list"], env), timeout)
     if code is None:
         findings.append(Finding(listing, False, f"no answer within {timeout:g} s (slurmctld unreachable?)."))
     else:
@@ -247,7 +247,7 @@ def check_srun(*, timeout: float = 20.0, python: str | None = None, env: Mapping
                 "mpiexec inside the allocation (`mpiexec -launcher slurm`).",
             ))
     hello = [exe, "-n", "2", python or sys.executable, "-m", "mpi4py.bench", "helloworld"]
-    out, code = _finish(_spawn(hello, env), timeout)
+    out, code = finish(_spawn(hello, env), timeout)
     subject = "srun -n 2 python -m mpi4py.bench helloworld"
     if code is None:
         findings.append(Finding(subject, False, f"did not finish within {timeout:g} s: srun waited for an "
@@ -302,26 +302,6 @@ def _spawn(argv: list[str], env: Mapping[str, str] | None) -> subprocess.Popen[s
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=None if env is None else dict(env), start_new_session=True,
     )
-
-
-def _finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, int | None]:
-    """Output and exit status, or status None after killing the whole group on timeout."""
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return out, proc.returncode
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            out, _ = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:  # a grandchild outside the group still holds the pipe
-            out = ""
-            if proc.stdout is not None:
-                proc.stdout.close()
-            proc.wait()
-        return out or "", None
 
 
 def _host_finding(host: str, launcher: str, python: str, controller_ip: str | None, out: str,

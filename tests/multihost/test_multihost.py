@@ -8,6 +8,7 @@ plays the notebook: it starts an MPICluster whose engines run on the hosts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -85,7 +86,8 @@ def test_cluster_gathers_from_every_host_in_rank_order(sim, tmp_path):
     # Rank 0 on host3, ranks 1-2 on host1: rank order is neither engine-id nor hostname order.
     hostfile = sim.hostfile({"host3": 1, "host1": 2}, tmp_path / "hosts")
     with mpinb.MPICluster(n=3, mpi_args=sim.mpi_args(hostfile), controller_ip=sim.gateway,
-                          env={**TCP["ucx"], **YIELD, **sim.env()}, threads_per_rank=1, timeout=90) as cluster:
+                          env={**TCP["ucx"], **YIELD, **sim.env()}, threads_per_rank=1, timeout=90) as cluster, \
+            _shared_memory_removed(cluster):
         cluster.view.execute(
             "import os, socket, numpy as np, mpinb\n"
             "host, pid = socket.gethostname(), os.getpid()\n"
@@ -124,6 +126,43 @@ def test_cluster_gathers_from_every_host_in_rank_order(sim, tmp_path):
         assert [_netns_of(pid) for pid in pids] == [sim.hosts_by_name[h].netns for h in ("host3", "host1", "host1")]
     # ... and is gone with the cluster.
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+
+
+def test_cluster_engines_share_each_hosts_cores(sim, tmp_path):
+    """MPICluster's own thread budget ("auto"): each host's cores shared among that host's ranks,
+    decided on the engines, which know their host; the launcher here cannot know where ranks land.
+    And interrupt() reaches engines on other hosts."""
+    import mpinb
+
+    hostfile = sim.hostfile({"host1": 1, "host2": 2}, tmp_path / "hosts")
+    with mpinb.MPICluster(n=3, mpi_args=sim.mpi_args(hostfile), controller_ip=sim.gateway,
+                          env={**TCP["ucx"], **YIELD, **sim.env()}, timeout=90) as cluster, \
+            _shared_memory_removed(cluster):
+        cluster.view.execute(
+            "import os, socket, numpy, mpinb.comm\n"
+            "from threadpoolctl import threadpool_info\n"
+            "host, cores = socket.gethostname(), len(os.sched_getaffinity(0))\n"
+            "budget = {v: os.environ.get(v) for v in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'TF_NUM_INTRAOP_THREADS')}\n"
+            "pools = [p['num_threads'] for p in threadpool_info()]\n"
+            "chosen = mpinb.comm.threads_chosen()\n"
+        )
+        hosts, cores = cluster.pull("host"), cluster.pull("cores")
+        assert hosts == ["host1", "host2", "host2"]
+        # host1's one rank gets all its cores, host2's two ranks half each (1 each on 2 cores).
+        expected = [max(1, cores[r] // hosts.count(hosts[r])) for r in range(3)]
+        assert cores[0] < 2 or expected[0] > expected[1], f"cores {cores}: the test cannot tell the hosts apart"
+        assert cluster.pull("budget") == [dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                          "TF_NUM_INTRAOP_THREADS"), str(e)) for e in expected]
+        assert all(n <= e for pools, e in zip(cluster.pull("pools"), expected) for n in pools), cluster.pull("pools")
+        assert cluster.pull("chosen") == [True, True, True]  # keras.fit keeps it
+        # Engines on other hosts (by hostname) get interrupt()'s SIGINT through their nannies.
+        ar = cluster.view.execute("import time\ntry:\n    time.sleep(60)\n    stopped = False\n"
+                                  "except KeyboardInterrupt:\n    stopped = True\n", block=False)
+        time.sleep(1.0)
+        cluster.interrupt()
+        ar.wait(timeout=20)
+        assert ar.ready(), "interrupt() did not reach the engines on the simulated hosts"
+        assert cluster.pull("stopped") == [True, True, True]
 
 
 def test_info_lists_reachable_hosts(sim, mpi_env, tmp_path):
@@ -210,6 +249,22 @@ def test_a_killed_owner_leaves_nothing_behind():
         time.sleep(0.05)
     assert not Path(f"/sys/class/net/{uplink}").exists()
     assert not [pid for pid in [stray, *holders] if _alive(int(pid))]
+
+
+@contextlib.contextmanager
+def _shared_memory_removed(cluster):
+    """Remove the engines' MPI segments in /dev/shm at the end. MPICluster.stop() removes those of
+    engines on this host only (a PID means nothing on another host); the simulated hosts' engines
+    have other hostnames but share this machine's /dev/shm, so their segments are the test's to remove."""
+    from mpinb.client._processes import remove_files
+
+    cluster.view.execute("import os\nfrom mpinb.client._processes import shared_memory_of\n"
+                         "_shm = sorted(shared_memory_of([os.getpid()]))")
+    segments = {path for paths in cluster.pull("_shm") for path in paths}
+    try:
+        yield
+    finally:
+        remove_files(segments)
 
 
 def _alive(pid: int) -> bool:

@@ -60,7 +60,8 @@ def test_client_modules_never_load_mpi() -> None:
     """Everything under ``mpinb/client`` runs in the notebook kernel, where MPI must not start."""
     import subprocess
 
-    names = sorted(f"mpinb.client.{p.stem}" for p in (PACKAGE / "client").glob("*.py"))
+    modules = [p.relative_to(PACKAGE.parent).with_suffix("").parts for p in (PACKAGE / "client").rglob("*.py")]
+    names = sorted(".".join(parts[:-1] if parts[-1] == "__init__" else parts) for parts in modules)
     assert "mpinb.client.cluster" in names and "mpinb.client.plotting" in names
     code = f"import importlib, sys; [importlib.import_module(n) for n in {names!r}]; print('mpi4py.MPI' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

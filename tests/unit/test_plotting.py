@@ -280,7 +280,7 @@ def test_plot_clusters_subsamples_deterministically_keeping_every_cluster() -> N
 
 def test_subsample_draws_distinct_rows_from_every_cluster() -> None:
     codes = np.repeat([0, 1, 2], [500, 499, 1])
-    keep = plotting._subsample(codes, 50, random_state=0)
+    keep = plotting._clusters._subsample(codes, 50, random_state=0)
     assert len(keep) == 50 == len(np.unique(keep))
     assert set(codes[keep]) == {0, 1, 2}
 

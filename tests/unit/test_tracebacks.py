@@ -6,7 +6,7 @@ import pytest
 
 ipp = pytest.importorskip("ipyparallel")
 
-from mpinb.client import _tracebacks  # noqa: E402
+from mpinb.client import _ipp, _tracebacks  # noqa: E402
 
 
 def composite(errors: list[tuple[int, str, str]]):
@@ -16,7 +16,7 @@ def composite(errors: list[tuple[int, str, str]]):
 
 
 def test_sixteen_identical_errors_show_once_with_their_ranks():
-    _tracebacks.install()
+    _ipp.group_composite_errors()
     # Engine ids are not ranks: engine 100 + r is rank 15 - r.
     _tracebacks.remember_ranks([115 - r for r in range(16)])
     err = composite([(100 + r, "CollectiveTimeout", "rank 3 did not arrive") for r in range(16)])
@@ -29,7 +29,7 @@ def test_sixteen_identical_errors_show_once_with_their_ranks():
 
 
 def test_different_errors_stay_separate():
-    _tracebacks.install()
+    _ipp.group_composite_errors()
     _tracebacks.remember_ranks([0, 1, 2, 3])
     err = composite([(0, "ValueError", "bad"), (1, "ValueError", "bad"), (2, "KeyError", "'x'"), (3, "ValueError", "bad")])
     lines = err._render_traceback_()

@@ -1,0 +1,110 @@
+"""Which engines answer, and which died how: what ``MPICluster.healthy()`` and ``.deaths()`` report.
+
+Client. Neither raises for a dead or stuck engine: each says what it found, by MPI rank.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpinb._engine import rank as _rank_here
+from mpinb.client._ipp import ENGINE_EXIT, NANNY_SAW_EXIT, engine_deaths
+from mpinb._words import rank_ranges
+
+__all__ = ["Health", "ask_every_engine", "deaths"]
+
+_DEATH_REPORT_WAIT = 1.0  # seconds mpiexec's report (with the signal) may follow the nannies'
+
+
+@dataclass(frozen=True)
+class Health:
+    """Which MPI ranks answered a probe (see :meth:`MPICluster.healthy`); true when all did.
+
+    ``silent`` ranks have engines that did not answer in time (busy, or stuck); ``dead`` ranks have
+    no engine any more (it died, and MPI ended the others of its world with it, usually).
+    """
+
+    answered: list[int]
+    silent: list[int]
+    seconds: float = field(default=0.0)
+    dead: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.silent and not self.dead
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"all {len(self.answered)} ranks answered in {self.seconds:.2f} s"
+        parts = []
+        if self.dead:
+            parts.append(f"{_ranks(self.dead)} {'has' if len(self.dead) == 1 else 'have'} no engine any more "
+                         "(it died)")
+        if self.silent:
+            parts.append(f"{_ranks(self.silent)} did not answer within {self.seconds:.1f} s (busy in a cell, "
+                         "or blocked outside mpinb)")
+        return "; ".join(parts) + "; MPICluster.restart() starts a fresh set of engines."
+
+
+def ask_every_engine(client: Any, ids_by_rank: list[int], timeout: float) -> Health:
+    """Ask every rank's engine for its rank; report who answered within ``timeout`` seconds."""
+    t0 = time.perf_counter()
+    try:
+        alive = set(client.ids)
+    except Exception:  # noqa: BLE001 - a closed client: nothing answers
+        alive = set()
+    dead = [rank for rank, eid in enumerate(ids_by_rank) if eid not in alive]
+    pending = {}
+    for rank, eid in enumerate(ids_by_rank):
+        if eid in alive:
+            try:
+                pending[rank] = client[eid].apply_async(_rank_here)
+            except Exception:  # noqa: BLE001 - unregistered between the two looks
+                dead.append(rank)
+    deadline = t0 + timeout
+    while time.perf_counter() < deadline and not all(ar.ready() for ar in pending.values()):
+        time.sleep(0.02)
+    silent = [rank for rank, ar in pending.items() if not ar.ready()]
+    answered = [rank for rank, ar in pending.items() if ar.ready() and ar.successful()]
+    dead += [rank for rank, ar in pending.items() if ar.ready() and not ar.successful()]
+    for rank in silent:
+        try:  # don't leave the probe queued behind the stuck cell
+            client.abort(pending[rank].msg_ids)
+        except Exception:  # noqa: BLE001
+            pass
+    return Health(answered=answered, silent=silent, seconds=time.perf_counter() - t0, dead=sorted(dead))
+
+
+def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int]) -> str | None:
+    """Which rank died first, and how, from the engine launchers' output of ``cluster`` (an
+    ``ipyparallel.Cluster``); ``None`` when they report no death."""
+    give_up = time.monotonic() + _DEATH_REPORT_WAIT
+    while True:
+        text = ""
+        for launcher in list(cluster.engines.values()):
+            try:
+                text += launcher.get_output() or ""
+            except Exception:  # noqa: BLE001 - no output file
+                continue
+        if not NANNY_SAW_EXIT.search(text) or ENGINE_EXIT.search(text) or time.monotonic() > give_up:
+            break
+        time.sleep(0.05)
+    found = []
+    for engine, pid, how in engine_deaths(text):
+        rank = ids_by_rank.index(engine) if engine in ids_by_rank else None
+        if rank is None and pid in engine_pids:
+            rank = engine_pids.index(pid)
+        found.append(f"rank {rank if rank is not None else '?'} (engine {engine}, pid {pid}) died"
+                     + (f" ({how})" if how != "its process ended" else ""))
+    if not found:
+        return None
+    return "; ".join(found) + "; MPI ended the other ranks with it: cluster.restart() starts a fresh set of engines."
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)

@@ -1,0 +1,188 @@
+"""The two ways an ``MPICluster`` holds a cluster: one it started (:class:`Owned`), one it joined (:class:`Joined`).
+
+Client. ``MPICluster`` keeps what both share (the client, the view, which engine is which rank)
+and hands every step whose meaning differs to one of these: starting, stopping, restarting, what
+``with`` does, and whether the engines' set-up gives them a thread budget and quiets TensorFlow. An owned cluster ends everything
+it started, even when its owner dies (:mod:`mpinb.client._watchdog`); a joined cluster is left
+running, and only its engines are replaced on restart.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from mpinb.client._ipp import engine_uuids
+from mpinb.client._processes import descendants, end, kill, remove_files, shared_memory_of
+from mpinb.client._watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from mpinb.client._options import LaunchOptions
+    from mpinb.client.cluster import MPICluster
+
+__all__ = ["Joined", "Owned", "tracked_pids"]
+
+_STOP_GRACE = 5.0  # seconds the cluster's processes get to exit after ipyparallel's stop
+
+
+class Owned:
+    """A cluster this ``MPICluster`` started: a controller and ``n`` engines under ``mpiexec``."""
+
+    started_by_mpinb = True  # its engines get a thread budget and a quiet TensorFlow (mpinb._engine.set_up)
+
+    def __init__(self, options: LaunchOptions) -> None:
+        self.options = options
+        self.watchdog: Watchdog | None = None
+        self.shared_memory: set[str] = set()  # MPI's segments in /dev/shm, removed by stop()
+
+    def start(self, mc: MPICluster) -> None:
+        mc.cluster = self.options.make_cluster(mc.n)
+        # Before any process starts: whatever happens to this process from now on, the cluster ends
+        # with it (mpinb.client._watchdog).
+        self.watchdog = Watchdog()
+        try:
+            mc.cluster.start_cluster_sync()
+            self.watchdog.watch(_launcher_pids(mc.cluster))  # it ends their trees too
+            mc.client = mc.cluster.connect_client_sync()
+            mc._identify(wait_for_new_engines(mc, set()))
+            self.watchdog.watch(mc._local_engine_pids)
+            _protect_files(mc.cluster)
+            self.shared_memory = shared_memory_of(mc._local_engine_pids)
+        except BaseException:
+            mc.stop()
+            raise
+
+    def stop(self, mc: MPICluster) -> None:
+        pids = tracked_pids(mc)
+        mc._disconnect()
+        if mc.cluster is not None:
+            kill_engines(mc)
+            try:
+                mc.cluster.stop_cluster_sync()
+            except Exception:  # noqa: BLE001 - already dead processes
+                pass
+            end(pids, grace=_STOP_GRACE)
+            # MPI's shared-memory segments outlive engines that did not finalize (SIGKILLed above, or
+            # dead before): remove this world's, found in the engines' memory maps at start.
+            remove_files(self.shared_memory)
+            self.shared_memory = set()
+        if self.watchdog is not None:
+            self.watchdog.release()
+            self.watchdog = None
+        mc.cluster = None
+
+    def restart(self, mc: MPICluster, timeout: float | None) -> None:
+        # A fresh controller too, so that engine ids are MPI ranks again.
+        saved = mc.timeout
+        mc.timeout = saved if timeout is None else float(timeout)
+        try:
+            mc.stop()
+            mc.start()
+        finally:
+            mc.timeout = saved
+
+    def enter(self, mc: MPICluster) -> MPICluster:
+        return mc.start()
+
+
+class Joined:
+    """A cluster started elsewhere (``ipcluster start --engines=MPI``) that ``MPICluster.connect`` joined."""
+
+    started_by_mpinb = False  # someone else's engines: configured as their owner chose
+    watchdog = None  # it must outlive this notebook
+
+    def connect(self, mc: MPICluster, profile: str | None, profile_dir: str | None, cluster_id: str) -> None:
+        import ipyparallel as ipp
+
+        try:
+            mc.cluster = ipp.Cluster.from_file(profile=profile, profile_dir=profile_dir, cluster_id=cluster_id)
+            mc.client = mc.cluster.connect_client_sync()
+        except Exception:  # noqa: BLE001 - no cluster file: connect by profile alone
+            kwargs = {k: v for k, v in (("profile", profile), ("profile_dir", profile_dir)) if v}
+            mc.client = ipp.Client(cluster_id=cluster_id or None, **kwargs)
+        mc.client.wait_for_engines(1, timeout=mc.timeout)
+        mc.n = len(mc.client.ids)
+        mc._identify(sorted(mc.client.ids))
+
+    def start(self, mc: MPICluster) -> None:
+        raise RuntimeError("This MPICluster joined a cluster it did not start (connect()); it cannot start one.")
+
+    def stop(self, mc: MPICluster) -> None:
+        mc._disconnect()  # the cluster keeps running for whoever started it
+
+    def restart(self, mc: MPICluster, timeout: float | None) -> None:
+        # New engines under the cluster's own controller (found from its cluster file).
+        old = _engine_keys(mc.client)
+        kill_engines(mc)
+        mc.cluster.stop_engines_sync()
+        mc.cluster.start_engines_sync(mc.n)
+        mc._identify(wait_for_new_engines(mc, old, timeout=timeout))
+
+    def enter(self, mc: MPICluster) -> MPICluster:
+        return mc
+
+
+def wait_for_new_engines(mc: MPICluster, old: set[Any], timeout: float | None = None) -> list[int]:
+    """Ids of ``mc.n`` engines that were not registered before (``old``: their (id, uuid) pairs)."""
+    limit = mc.timeout if timeout is None else timeout
+    deadline = time.monotonic() + limit
+    while True:
+        # After a restart the hub may still list dead engines, or hand their ids to the new
+        # ones: an engine is new when its (id, uuid) was not registered before.
+        new = {eid for eid, _ in _engine_keys(mc.client) - old}
+        if len(new) >= mc.n:
+            return sorted(new)
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"only {len(new)} of {mc.n} MPI engines registered within {limit:.0f} s; "
+                "check `mpinb info` and the engines' log in the profile directory."
+            )
+        time.sleep(0.05)
+
+
+def kill_engines(mc: MPICluster) -> None:
+    """SIGKILL the engines' mpiexec trees: graceful stops wait on ranks that may be spinning."""
+    if mc.cluster is None:
+        return
+    for launcher in list(mc.cluster.engines.values()):
+        pid = getattr(launcher, "pid", None)
+        if pid:
+            for child in [*descendants(pid), pid]:
+                kill(child)
+    for pid in mc._local_engine_pids:
+        kill(pid)
+
+
+def tracked_pids(mc: MPICluster) -> list[int]:
+    """Every process of ``mc``'s cluster on this host: engines, controller, mpiexec and their trees."""
+    pids = list(mc._local_engine_pids)
+    if mc.cluster is not None:
+        for pid in _launcher_pids(mc.cluster):
+            pids.append(pid)
+            pids.extend(descendants(pid))
+    return sorted(set(pids))
+
+
+def _launcher_pids(cluster: Any) -> list[int]:
+    launchers = [cluster.controller, *cluster.engines.values()]
+    return [pid for pid in (getattr(launcher, "pid", None) for launcher in launchers if launcher is not None) if pid]
+
+
+def _engine_keys(client: Any) -> set[Any]:
+    """An identity per registered engine that survives id reuse: (id, uuid)."""
+    if client is None:
+        return set()
+    uuids = engine_uuids(client)
+    return {(eid, uuids.get(eid)) for eid in client.ids}
+
+
+def _protect_files(cluster: Any) -> None:
+    """Owner-only modes for everything in the profile's security folder. ipyparallel already
+    writes the connection files (which hold the key) 0600; its cluster file (launcher state and
+    pids, no key) is 0644, and there is no reason for others to read it either."""
+    security = os.path.join(str(cluster.profile_dir), "security")
+    if os.path.isdir(security):
+        os.chmod(security, 0o700)
+        for name in os.listdir(security):
+            os.chmod(os.path.join(security, name), 0o600)

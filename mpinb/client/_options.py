@@ -1,0 +1,109 @@
+"""What ``MPICluster(...)`` accepts, checked in one place, and the ipyparallel cluster it describes.
+
+Client. Every argument of ``MPICluster`` is checked here and kept in one frozen record; the
+``ipyparallel.Cluster`` of a cluster that ``MPICluster`` starts is made from that record alone. A
+new start-up argument is a field here, its check in :meth:`LaunchOptions.check`, and its use in
+:meth:`LaunchOptions.make_cluster`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from mpinb._checks import check_int
+
+__all__ = ["PASSED_TO_IPYPARALLEL", "LaunchOptions"]
+
+# The arguments of ipyparallel.Cluster (9.2.0's traits) that MPICluster hands on unchanged. The
+# others it sets itself (engines, n, controller_ip, log_level, config) or must not be changed under
+# it (engine_launcher_class: the engines are MPI ranks started through mpiexec). Anything else is a
+# mistake to report, not an argument to forward: ipyparallel would ignore most of them silently.
+PASSED_TO_IPYPARALLEL = frozenset({
+    "cluster_file", "cluster_id", "controller_args", "controller_launcher_class", "controller_location",
+    "delay", "engine_timeout", "load_profile", "profile", "profile_dir", "send_engines_connection_env",
+    "shutdown_atexit",
+})
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How to start a cluster: ``MPICluster``'s arguments, checked (see its docstring)."""
+
+    n: int = 4
+    mpi_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    threads_per_rank: int | None = None  # None: "auto", each host's cores shared by its ranks
+    log_level: int = logging.ERROR
+    timeout: float = 120.0
+    controller_ip: str = "127.0.0.1"
+    config: Any = None
+    cluster_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def check(
+        cls,
+        n: int,
+        *,
+        mpi_args: Sequence[str] | None,
+        env: Mapping[str, str] | None,
+        threads_per_rank: int | str,
+        log_level: str | int,
+        timeout: float,
+        controller_ip: str,
+        config: Any,
+        cluster_kwargs: Mapping[str, Any],
+    ) -> LaunchOptions:
+        """The options, or the error that names the first argument that is wrong. Local."""
+        check_int(n, "n", minimum=1, unit="number of engines")
+        if threads_per_rank != "auto":
+            check_int(threads_per_rank, "threads_per_rank", minimum=1, alternative="'auto'")
+        unknown = sorted(set(cluster_kwargs) - PASSED_TO_IPYPARALLEL)
+        if unknown:
+            names = ", ".join(repr(name) for name in unknown)
+            raise TypeError(
+                f"MPICluster() got {'an unexpected keyword argument' if len(unknown) == 1 else 'unexpected keyword arguments'} "
+                f"{names}; besides its own arguments it passes only these on to ipyparallel.Cluster: "
+                f"{', '.join(sorted(PASSED_TO_IPYPARALLEL))}."
+            )
+        return cls(
+            n=n,
+            mpi_args=tuple(mpi_args or ()),
+            env=dict(env or {}),
+            threads_per_rank=None if threads_per_rank == "auto" else int(threads_per_rank),
+            log_level=logging.getLevelName(log_level) if isinstance(log_level, str) else int(log_level),
+            timeout=float(timeout),
+            controller_ip=controller_ip,
+            config=config,
+            cluster_kwargs=dict(cluster_kwargs),
+        )
+
+    def make_cluster(self, n: int) -> Any:
+        """The ``ipyparallel.Cluster`` (not started) for ``n`` MPI engines under these options. Client."""
+        import ipyparallel as ipp
+
+        from mpinb.client.launch import find_mpiexec, mpi_env
+
+        # Only a budget the user gave goes into the environment: "auto" is decided on each engine,
+        # which knows its host (mpinb._engine.set_up).
+        engine_env = {**mpi_env(n, threads_per_rank=self.threads_per_rank, base={}), "PYTHONUNBUFFERED": "1",
+                      **self.env}
+        config = _config(
+            {
+                "MPILauncher": {"mpi_cmd": [find_mpiexec()], "mpi_args": list(self.mpi_args)},
+                "MPIEngineSetLauncher": {"environment": engine_env},
+            },
+            self.config,
+        )
+        return ipp.Cluster(engines="mpi", n=n, controller_ip=self.controller_ip, log_level=self.log_level,
+                           config=config, **self.cluster_kwargs)
+
+
+def _config(base: dict[str, Any], extra: Any) -> Any:
+    from traitlets.config import Config
+
+    config = Config(base)
+    if extra is not None:
+        config.merge(extra if isinstance(extra, Config) else Config(extra))
+    return config
