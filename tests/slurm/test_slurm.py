@@ -1,0 +1,28 @@
+"""A real Slurm on simulated hosts (see conftest.py and slurmsim.py): the nodes, srun's PMI, the
+batch-job form of mpinb's code, and ``mpinb info --slurm``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from netsim import TCP, YIELD
+
+RANKS_TESTS = Path(__file__).resolve().parent.parent / "multihost" / "ranks" / "test_across_hosts.py"
+
+
+def test_nodes_are_separate_hosts(slurm):
+    out = slurm.run(["sinfo", "-h", "-N", "-o", "%N %o %t"]).stdout.split("\n")
+    nodes = sorted(tuple(line.split()) for line in out if line.strip())
+    assert nodes == [(h.name, h.address, "idle") for h in slurm.sim.hosts]
+
+
+def test_srun_with_pmi2_starts_one_world_across_nodes(slurm):
+    proc = slurm.run(["srun", "-N", "2", "-n", "3", "--mpi=pmi2", sys.executable, "-m", "mpi4py.bench", "helloworld"],
+                     timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = sorted(re.findall(r"I am process (\d+) of (\d+) on (\S+)\.", proc.stdout))
+    assert seen == [("0", "3", "host1"), ("1", "3", "host1"), ("2", "3", "host2")]
