@@ -26,3 +26,25 @@ def test_srun_with_pmi2_starts_one_world_across_nodes(slurm):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     seen = sorted(re.findall(r"I am process (\d+) of (\d+) on (\S+)\.", proc.stdout))
     assert seen == [("0", "3", "host1"), ("1", "3", "host1"), ("2", "3", "host2")]
+
+
+def test_info_slurm_finds_one_world_with_the_pmi_it_chooses(slurm):
+    proc = _mpinb_info(["--slurm", "--timeout", "30"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"ok +srun --mpi=list: offers pmix, pmi2\.", proc.stdout), proc.stdout
+    assert re.search(r"ok +srun --mpi=pmi2 -n 2 python -m mpi4py.bench helloworld: two ranks of one world of 2\.",
+                     proc.stdout), proc.stdout
+    assert "2 of 2 pre-flight checks passed." in proc.stdout
+
+
+def test_info_slurm_diagnoses_singletons_without_pmi(slurm):
+    proc = _mpinb_info(["--slurm", "--mpi=none", "--timeout", "30"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"FAIL +srun --mpi=none -n 2 python -m mpi4py.bench helloworld: 2 separate one-rank worlds "
+                     r"\('process 0 of 1' 2 times\): srun started the processes without PMI", proc.stdout), proc.stdout
+    assert "1 of 2 pre-flight checks passed; failed: srun --mpi=none -n 2" in proc.stdout
+
+
+def _mpinb_info(args: list[str]) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "mpinb.client.cli", "info", *args]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)

@@ -1,0 +1,237 @@
+"""Engines as Slurm tasks: a batch job (``sbatch``) from outside an allocation, an ``srun`` step inside one.
+
+Client. :class:`MPICluster` with ``launcher="slurm"`` hands its engines to :class:`SlurmEngines`,
+which chooses how to start them, the PMI plugin that makes them one MPI world, and the controller
+address the nodes can reach; and which cancels the job (or step) when the cluster stops, or when its
+owner dies (through the watchdog). Slurm's commands are run as programs, found on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["PMI_PREFERENCE", "SlurmEngines", "choose_pmi", "in_allocation", "parse_mpi_list", "reaching_address"]
+
+# MPICH (the mpich wheel) speaks PMI-2 itself; PMIx only when built with it, and Slurm's pmix
+# plugin often does not even load (Debian's needs a libpmix of the same version). Open MPI speaks
+# PMIx. pmi2 first, then any pmix flavour Slurm lists.
+PMI_PREFERENCE = ("pmi2", "pmix")
+_PROBE_TIMEOUT = 30.0  # seconds for one Slurm command that should answer at once
+_GONE_TIMEOUT = 15.0  # seconds stop() waits for Slurm to report the job or step ended
+
+
+def in_allocation(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process runs inside a Slurm allocation (``salloc``, ``sbatch``, a batch spawner). Local."""
+    return bool((os.environ if env is None else env).get("SLURM_JOB_ID"))
+
+
+def parse_mpi_list(text: str) -> list[str]:
+    """Plugin names from ``srun --mpi=list``: one per line after a header, with or without ``srun:``. Local."""
+    names = (line.replace("srun:", "").strip() for line in text.splitlines())
+    return [name for name in names if name and " " not in name]
+
+
+def choose_pmi(plugins: Sequence[str]) -> str | None:
+    """The PMI plugin to start MPI ranks with, from what ``srun --mpi=list`` offers, or None. Local."""
+    for wanted in PMI_PREFERENCE:
+        for name in plugins:
+            if name == wanted:
+                return name
+    pmix = sorted(name for name in plugins if name.startswith("pmix"))
+    return pmix[0] if pmix else None
+
+
+def reaching_address(targets: Sequence[str]) -> str | None:
+    """The address of this machine's interface that reaches ``targets`` (addresses or names), or None.
+
+    Local: asks the routing table (a UDP socket's ``connect`` sends nothing). The first target
+    reached through an interface other than loopback wins; when every target is this machine
+    itself, its loopback address is the answer.
+    """
+    loopback = None
+    for target in targets:
+        try:
+            address = socket.gethostbyname(target)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((address, 9))
+                source = probe.getsockname()[0]
+        except OSError:
+            continue
+        if not ipaddress.ip_address(source).is_loopback:
+            return source
+        loopback = source
+    return loopback
+
+
+class SlurmEngines:
+    """How an :class:`MPICluster` with ``launcher="slurm"`` starts, names and ends its engines. Client.
+
+    Parameters
+    ----------
+    n : int
+        Number of engines (MPI ranks, Slurm tasks).
+    launcher_args : sequence of str
+        Extra ``sbatch`` arguments (outside an allocation) or ``srun`` arguments (inside one), e.g.
+        ``["--partition=debug", "--time=00:30:00", "--account=myproject"]``. A ``--mpi=NAME`` among
+        them chooses the PMI plugin instead of ``srun --mpi=list``.
+    env : mapping
+        Environment of the engines (on top of this process's: Slurm exports it).
+    """
+
+    def __init__(self, n: int, launcher_args: Sequence[str], env: Mapping[str, str]) -> None:
+        if isinstance(launcher_args, str) or not all(isinstance(a, str) for a in launcher_args):
+            raise TypeError(f"launcher_args must be a list of strings, e.g. ['--partition=debug']; got {launcher_args!r}.")
+        self.n = n
+        self.inside = in_allocation()
+        self.env = dict(env)
+        self.args = [a for a in launcher_args if not a.startswith("--mpi=")]
+        chosen = [a.split("=", 1)[1] for a in launcher_args if a.startswith("--mpi=")]
+        self.pmi = chosen[-1] if chosen else self._choose_pmi()
+        self.job = os.environ["SLURM_JOB_ID"] if self.inside else ""
+        self.step = ""
+        self.job_name = ""
+
+    # -- what MPICluster hands to ipyparallel ------------------------------------------------------
+    def settings(self, cluster_id: str) -> tuple[str, dict[str, Any]]:
+        """The engine launcher's name for :class:`ipyparallel.Cluster` and its configuration."""
+        srun = self._command("srun")
+        self.job_name = f"mpinb-{cluster_id}"
+        if self.inside:
+            # A step of the allocation this process runs in: ipyparallel's MPI launcher builds
+            # `srun --mpi=pmi2 ARGS -n N ENGINE --mpi ...`, a local process whose output it keeps.
+            mpi_cmd = [srun, f"--mpi={self.pmi}", f"--job-name={self.job_name}", *self.args]
+            return "mpi", {"MPILauncher": {"mpi_cmd": mpi_cmd, "mpi_args": []},
+                           "MPIEngineSetLauncher": {"environment": self.env}}
+        # A batch job whose one step starts the engines; the command-line arguments of sbatch win
+        # over the script's #SBATCH lines, so launcher_args can say anything sbatch takes.
+        template = "\n".join([
+            "#!/bin/sh",
+            f"#SBATCH --job-name={self.job_name}",
+            "#SBATCH --ntasks={n}",
+            "#SBATCH --output={output_file}",
+            "#SBATCH --export=ALL",
+            f"exec {shlex.quote(srun)} --mpi={self.pmi} {{program}} --mpi {{program_args}}",
+            "",
+        ])
+        return "slurm", {"SlurmEngineSetLauncher": {
+            "submit_command": [self._command("sbatch"), *self.args],
+            "delete_command": [self._command("scancel")],
+            "signal_command": [self._command("scancel"), "-s"],
+            "batch_template": template,
+            "environment": self.env,
+        }}
+
+    def controller_ip(self, requested: str | None) -> str:
+        """Where the controller listens: ``requested``, or this machine's address that reaches the nodes."""
+        if requested is not None:
+            return requested
+        nodes = self._node_addresses()
+        found = reaching_address(nodes)
+        if found is None:
+            raise RuntimeError(
+                f"no interface of this machine reaches the Slurm nodes ({', '.join(nodes) or 'none listed'}); "
+                "pass controller_ip=<this machine's address on the network the nodes share>."
+            )
+        return found
+
+    # -- after the engines started ---------------------------------------------------------------
+    def identify(self, launcher: Any, engine_env: Mapping[str, str]) -> None:
+        """Learn the job (and step) the engines run in, from ipyparallel's launcher and an engine's environment."""
+        self.job = str(getattr(launcher, "job_id", "") or engine_env.get("SLURM_JOB_ID", "") or self.job)
+        if self.inside:
+            self.step = engine_env.get("SLURM_STEP_ID", "")
+
+    @property
+    def target(self) -> str:
+        """What ``scancel`` ends: the batch job, or our step of the allocation (never the allocation)."""
+        if self.inside:
+            return f"{self.job}.{self.step}" if self.job and self.step else ""
+        return self.job
+
+    def cancel_command(self) -> list[str]:
+        """The command that ends the engines' job or step, for the watchdog; by name until the id is known."""
+        scancel = self._command("scancel")
+        if self.target:
+            return [scancel, self.target]
+        if self.inside:  # our step, before it had an id: the watchdog ends srun, which ends the step
+            return []
+        return [scancel, f"--name={self.job_name}"] if self.job_name else []
+
+    def cancel(self) -> None:
+        """End the engines' job or step, and wait (a bounded while) until Slurm says it has ended."""
+        command = self.cancel_command()
+        if not command:
+            return
+        subprocess.run(command, check=False, capture_output=True, timeout=_PROBE_TIMEOUT)
+        deadline = time.monotonic() + _GONE_TIMEOUT
+        while time.monotonic() < deadline and self._running():
+            time.sleep(0.2)
+
+    def describe(self) -> str:
+        """For ``repr(cluster)``: how the engines were started."""
+        where = f"step {self.target}" if self.inside else f"job {self.job or '?'}"
+        return f"slurm {where} --mpi={self.pmi}"
+
+    # -- private ----------------------------------------------------------------------------------
+    def _choose_pmi(self) -> str:
+        out = self._run([self._command("srun"), "--mpi=list"])
+        plugins = parse_mpi_list(out.stdout + out.stderr)
+        pmi = choose_pmi(plugins)
+        if pmi is None:
+            raise RuntimeError(
+                f"`srun --mpi=list` offers no PMI plugin (saw: {', '.join(plugins) or 'nothing'}): ranks started "
+                "by srun could not find each other. Ask for a Slurm with pmi2 or PMIx, pass "
+                "launcher_args=['--mpi=NAME'] for one it has, or use launcher='mpiexec' inside an allocation."
+            )
+        return pmi
+
+    def _node_addresses(self) -> list[str]:
+        """NodeAddr of the nodes the engines may run on: the allocation's, or every node's."""
+        argv = [self._command("sinfo"), "-h", "-N", "-o", "%o"]
+        nodelist = os.environ.get("SLURM_JOB_NODELIST") if self.inside else None
+        if nodelist:
+            argv += ["-n", nodelist]
+        out = self._run(argv).stdout
+        return list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
+
+    def _running(self) -> bool:
+        # Steps have no state column: a step squeue lists is still running.
+        fields = ["-s", "-o", "%i"] if self.inside else ["-o", "%i %T"]
+        argv = [self._command("squeue"), "-h", "-j", self.job, *fields]
+        try:
+            out = self._run(argv).stdout
+        except RuntimeError:
+            return False
+        if self.inside:
+            return any(line.split()[0] == self.target for line in out.splitlines() if line.strip())
+        return any(line.split()[1] in _NOT_ENDED for line in out.splitlines() if len(line.split()) > 1)
+
+    def _run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=_PROBE_TIMEOUT)
+        except subprocess.TimeoutExpired as err:
+            raise RuntimeError(f"`{shlex.join(argv)}` did not answer within {_PROBE_TIMEOUT:g} s: "
+                               "is slurmctld reachable (`scontrol ping`)?") from err
+
+    @staticmethod
+    def _command(name: str) -> str:
+        found = shutil.which(name)
+        if found is None:
+            raise FileNotFoundError(
+                f"{name} not found on PATH: launcher='slurm' needs Slurm's client commands (srun, sbatch, "
+                "scancel, squeue, sinfo) on this machine, as on a login node."
+            )
+        return found
+
+
+# squeue's states of a job that still holds (or waits for) nodes.
+_NOT_ENDED = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED",
+              "SIGNALING", "STAGE_OUT"}
