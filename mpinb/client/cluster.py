@@ -77,8 +77,16 @@ class MPICluster:
         ipyparallel's log level; above ERROR, stopping a cluster prints engine logs into the cell.
     timeout : float, default 120
         Seconds to wait for engines to register.
-    controller_ip : str, default "127.0.0.1"
-        Where the controller listens. Engines on other hosts need a reachable address here.
+    controller_ip : str, optional
+        Where the controller listens: by default ``127.0.0.1``, and with ``launcher="slurm"`` this
+        machine's address that reaches the Slurm nodes. Engines on other hosts need a reachable address.
+    launcher : {"mpiexec", "slurm"}, default "mpiexec"
+        How the engines start: ``mpiexec`` here (or across a hostfile), or as Slurm tasks: a batch job
+        submitted with ``sbatch`` from outside an allocation, an ``srun`` step inside one
+        (:mod:`mpinb.client.slurm`).
+    launcher_args : sequence of str, optional
+        With ``launcher="slurm"``: extra ``sbatch``/``srun`` arguments, e.g.
+        ``["--partition=debug", "--time=00:30:00", "--account=proj"]`` (``--mpi=NAME`` picks the PMI).
     start : bool, default True
         Start immediately; with ``False`` call :meth:`start` (or use ``with``).
     config : traitlets.config.Config or dict, optional
@@ -103,7 +111,9 @@ class MPICluster:
         threads_per_rank: int | str = "auto",
         log_level: str | int = "ERROR",
         timeout: float = 120.0,
-        controller_ip: str = "127.0.0.1",
+        controller_ip: str | None = None,
+        launcher: str = "mpiexec",
+        launcher_args: Sequence[str] | None = None,
         start: bool = True,
         config: Any = None,
         **cluster_kwargs: Any,
@@ -118,6 +128,12 @@ class MPICluster:
         self._threads = threads_per_rank
         self._log_level = logging.getLevelName(log_level) if isinstance(log_level, str) else int(log_level)
         self._controller_ip = controller_ip
+        if launcher not in ("mpiexec", "slurm"):
+            raise ValueError(f"launcher must be 'mpiexec' or 'slurm'; got {launcher!r}.")
+        if launcher_args and launcher != "slurm":
+            raise ValueError("launcher_args go with launcher='slurm'; mpiexec's arguments are mpi_args.")
+        self._launcher, self._launcher_args = launcher, list(launcher_args or [])
+        self._slurm: Any = None  # mpinb.client.slurm.SlurmEngines, for launcher="slurm"
         self._config = config
         self._cluster_kwargs = cluster_kwargs
         self.cluster: Any = None
@@ -148,17 +164,20 @@ class MPICluster:
         threads = None if self._threads == "auto" else int(self._threads)
         base_env = mpi_env(self.n, threads_per_rank=threads, base={})
         engine_env = {**base_env, "PYTHONUNBUFFERED": "1", **self._env}
-        config = _config(
-            {
-                "MPILauncher": {"mpi_cmd": [find_mpiexec()], "mpi_args": self._mpi_args},
-                "MPIEngineSetLauncher": {"environment": engine_env},
-            },
-            self._config,
-        )
+        engines, launch, controller_ip = "mpi", {
+            "MPILauncher": {"mpi_cmd": [find_mpiexec()], "mpi_args": self._mpi_args},
+            "MPIEngineSetLauncher": {"environment": engine_env},
+        }, self._controller_ip or "127.0.0.1"
+        if self._launcher == "slurm":  # a Slurm job or step instead: mpinb.client.slurm decides how
+            from mpinb.client.slurm import SlurmEngines
+
+            self._slurm = SlurmEngines(self.n, self._launcher_args, {"PYTHONUNBUFFERED": "1", **self._env}, threads)
+            (engines, launch), controller_ip = self._slurm.settings(), self._slurm.controller_ip(self._controller_ip)
+        config = _config(launch, self._config)
         self.cluster = ipp.Cluster(
-            engines="mpi",
+            engines=engines,
             n=self.n,
-            controller_ip=self._controller_ip,
+            controller_ip=controller_ip,
             log_level=self._log_level,
             config=config,
             **self._cluster_kwargs,
@@ -167,10 +186,12 @@ class MPICluster:
         # with it (mpinb.client._watchdog).
         self._watchdog = Watchdog()
         try:
+            self._cancel_on_death()
             self.cluster.start_cluster_sync()
             self._watch_launchers()
             self.client = self.cluster.connect_client_sync()
             self._identify(self._wait_for_new_engines(set()))
+            self._cancel_on_death()
             self._watchdog.watch(self._local_engine_pids)
             self._protect_files()
             self._shared_memory = shared_memory_of(self._local_engine_pids)
@@ -218,6 +239,8 @@ class MPICluster:
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
         if self.cluster is not None and self._owns_cluster:
+            if self._slurm is not None:  # engines on other nodes: only Slurm can end them
+                self._slurm.cancel()
             self._kill_engines()
             try:
                 self.cluster.stop_cluster_sync()
@@ -370,7 +393,8 @@ class MPICluster:
 
     def __repr__(self) -> str:
         state = "running" if self.client is not None else "stopped"
-        return f"<MPICluster n={self.n} {state} ranks->engines={self._ids_by_rank}>"
+        how = f" {self._slurm.describe()} controller={self.cluster.controller_ip}" if self._slurm and self.cluster else ""
+        return f"<MPICluster n={self.n} {state} ranks->engines={self._ids_by_rank}{how}>"
 
     # -- rank-ordered data ---------------------------------------------------------------------
 
@@ -500,6 +524,13 @@ class MPICluster:
         only ones this machine may signal."""
         here = socket.gethostname()
         return [pid for pid, host in zip(self._engine_pids, self._engine_hosts) if host == here]
+
+    def _cancel_on_death(self) -> None:
+        """A Slurm job's engines run where no PID of ours reaches: the watchdog cancels the job."""
+        if self._slurm is not None and self._watchdog is not None:
+            if self.view is not None:
+                self._slurm.identify(list(self.cluster.engines.values()), self.client[self._ids_by_rank[0]])
+            self._watchdog.on_death(self._slurm.cancel_command())
 
     def _watch_launchers(self) -> None:
         """Give the watchdog the controller's and mpiexec's PIDs (it ends their trees too)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 import shlex
 import shutil
 import socket
@@ -84,26 +85,33 @@ class SlurmEngines:
         them chooses the PMI plugin instead of ``srun --mpi=list``.
     env : mapping
         Environment of the engines (on top of this process's: Slurm exports it).
+    threads_per_rank : int, optional
+        Threads per engine; by default each node's cores are shared by the ranks on it, as the
+        engines count them (:func:`mpinb.limit_threads`), not this machine's.
     """
 
-    def __init__(self, n: int, launcher_args: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(self, n: int, launcher_args: Sequence[str], env: Mapping[str, str],
+                 threads_per_rank: int | None = None) -> None:
+        from mpinb.comm import thread_env
+
         if isinstance(launcher_args, str) or not all(isinstance(a, str) for a in launcher_args):
             raise TypeError(f"launcher_args must be a list of strings, e.g. ['--partition=debug']; got {launcher_args!r}.")
         self.n = n
         self.inside = in_allocation()
-        self.env = dict(env)
+        self.env = {**(thread_env(threads_per_rank) if threads_per_rank else {}), **env}
         self.args = [a for a in launcher_args if not a.startswith("--mpi=")]
         chosen = [a.split("=", 1)[1] for a in launcher_args if a.startswith("--mpi=")]
         self.pmi = chosen[-1] if chosen else self._choose_pmi()
         self.job = os.environ["SLURM_JOB_ID"] if self.inside else ""
         self.step = ""
-        self.job_name = ""
+        # Known before anything is submitted, so that the watchdog can cancel the job by name if
+        # the owner dies before sbatch has answered with its id.
+        self.job_name = f"mpinb-{os.getpid()}-{secrets.token_hex(4)}"
 
     # -- what MPICluster hands to ipyparallel ------------------------------------------------------
-    def settings(self, cluster_id: str) -> tuple[str, dict[str, Any]]:
+    def settings(self) -> tuple[str, dict[str, Any]]:
         """The engine launcher's name for :class:`ipyparallel.Cluster` and its configuration."""
         srun = self._command("srun")
-        self.job_name = f"mpinb-{cluster_id}"
         if self.inside:
             # A step of the allocation this process runs in: ipyparallel's MPI launcher builds
             # `srun --mpi=pmi2 ARGS -n N ENGINE --mpi ...`, a local process whose output it keeps.
@@ -143,11 +151,13 @@ class SlurmEngines:
         return found
 
     # -- after the engines started ---------------------------------------------------------------
-    def identify(self, launcher: Any, engine_env: Mapping[str, str]) -> None:
-        """Learn the job (and step) the engines run in, from ipyparallel's launcher and an engine's environment."""
-        self.job = str(getattr(launcher, "job_id", "") or engine_env.get("SLURM_JOB_ID", "") or self.job)
+    def identify(self, launchers: Sequence[Any], engine: Any) -> None:
+        """Learn the job (and step) the engines run in, from an engine (an ipyparallel view of one)."""
+        found = engine.apply_sync(_slurm_ids)
+        ids = [getattr(launcher, "job_id", "") for launcher in launchers]
+        self.job = str(found.get("SLURM_JOB_ID") or next(filter(None, ids), "") or self.job)
         if self.inside:
-            self.step = engine_env.get("SLURM_STEP_ID", "")
+            self.step = found.get("SLURM_STEP_ID", "")
 
     @property
     def target(self) -> str:
@@ -230,6 +240,12 @@ class SlurmEngines:
                 "scancel, squeue, sinfo) on this machine, as on a login node."
             )
         return found
+
+
+def _slurm_ids() -> dict[str, str]:
+    import os
+
+    return {name: os.environ.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID")}
 
 
 # squeue's states of a job that still holds (or waits for) nodes.

@@ -28,6 +28,20 @@ def test_srun_with_pmi2_starts_one_world_across_nodes(slurm):
     assert seen == [("0", "3", "host1"), ("1", "3", "host1"), ("2", "3", "host2")]
 
 
+def test_batch_form_kmeans_and_keras_match_one_process(slurm):
+    """The engine-side code as a batch job runs it: `srun python ...` (here mpinb's across-hosts rank
+    tests: KMeans and mpinb.keras.fit on a rank on each of 2 nodes against one process holding all data;
+    two ranks, not three: TensorFlow's import on each rank is most of the time)."""
+    env = {**TCP["ucx"], **YIELD, "OMP_NUM_THREADS": "1", "MPINB_TEST_TIER": "slurm-ranks",
+           "MPINB_MULTIHOST_EXPECT": json.dumps(["host1", "host2"])}
+    proc = slurm.run(["srun", "-N", "2", "-n", "2", "--mpi=pmi2", sys.executable, "-m", "mpi4py", "-m", "pytest",
+                      str(RANKS_TESTS), "-q", "-x", "-p", "no:cacheprovider", "--timeout=120",
+                      "--timeout-method=thread", "--durations=3"], env=env, timeout=150)
+    print(proc.stdout[-3000:], proc.stderr[-2000:])
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    assert re.search(r"\b4 passed\b", proc.stdout), proc.stdout[-2000:]
+
+
 def test_info_slurm_finds_one_world_with_the_pmi_it_chooses(slurm):
     proc = _mpinb_info(["--slurm", "--timeout", "30"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
