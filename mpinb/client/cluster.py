@@ -465,6 +465,8 @@ class MPICluster:
             new = {eid for eid, _ in self._engine_keys() - old}
             if len(new) >= self.n:
                 return sorted(new)
+            if self._slurm is not None and (why := self._slurm.failure(list(self.cluster.engines.values()))):
+                raise RuntimeError(why)
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"only {len(new)} of {self.n} MPI engines registered within {limit:.0f} s; "

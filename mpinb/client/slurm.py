@@ -27,6 +27,7 @@ __all__ = ["PMI_PREFERENCE", "SlurmEngines", "choose_pmi", "in_allocation", "par
 PMI_PREFERENCE = ("pmi2", "pmix")
 _PROBE_TIMEOUT = 30.0  # seconds for one Slurm command that should answer at once
 _GONE_TIMEOUT = 15.0  # seconds stop() waits for Slurm to report the job or step ended
+_LOOK_EVERY = 2.0  # seconds between looks at whether a starting job has ended
 
 
 def in_allocation(env: Mapping[str, str] | None = None) -> bool:
@@ -107,6 +108,7 @@ class SlurmEngines:
         # Known before anything is submitted, so that the watchdog can cancel the job by name if
         # the owner dies before sbatch has answered with its id.
         self.job_name = f"mpinb-{os.getpid()}-{secrets.token_hex(4)}"
+        self._next_look = 0.0
 
     # -- what MPICluster hands to ipyparallel ------------------------------------------------------
     def settings(self) -> tuple[str, dict[str, Any]]:
@@ -185,6 +187,27 @@ class SlurmEngines:
         while time.monotonic() < deadline and self._running():
             time.sleep(0.2)
 
+    def failure(self, launchers: Sequence[Any]) -> str | None:
+        """Why the engines will never register (their srun or batch job ended), or None while they may.
+
+        Looks at most every few seconds (squeue asks slurmctld); the answer quotes the launcher's output.
+        """
+        now = time.monotonic()
+        if now < self._next_look:
+            return None
+        self._next_look = now + _LOOK_EVERY
+        if self.inside:
+            ended = [launcher for launcher in launchers if getattr(launcher, "poll", lambda: None)() is not None]
+        else:
+            self.job = next(filter(None, (getattr(launcher, "job_id", "") for launcher in launchers)), self.job)
+            ended = list(launchers) if self.job and not self._running() else []
+        if not ended:
+            return None
+        output = " | ".join(_tail(_output_of(launcher)) for launcher in ended).strip(" |")
+        what = "srun" if self.inside else f"batch job {self.job}"
+        return (f"the engines' {what} ended before they registered (--mpi={self.pmi}; `srun --mpi=list` shows "
+                f"what this Slurm offers, launcher_args=['--mpi=NAME'] picks one): {output or 'no output'}")
+
     def describe(self) -> str:
         """For ``repr(cluster)``: how the engines were started."""
         where = f"step {self.target}" if self.inside else f"job {self.job or '?'}"
@@ -240,6 +263,18 @@ class SlurmEngines:
                 "scancel, squeue, sinfo) on this machine, as on a login node."
             )
         return found
+
+
+def _output_of(launcher: Any) -> str:
+    try:
+        return launcher.get_output(remove=False) or ""
+    except Exception:  # noqa: BLE001 - no output file (yet)
+        return ""
+
+
+def _tail(text: str, lines: int = 4) -> str:
+    kept = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(kept[-lines:])[-600:]
 
 
 def _slurm_ids() -> dict[str, str]:

@@ -115,3 +115,13 @@ def test_killed_owner_leaves_no_job(slurm):
         owner.kill()
         owner.wait()
         owner.stdout.close()
+
+
+def test_a_pmi_that_does_not_work_is_reported_at_once(slurm):
+    """Debian's pmix plugin does not load here: the batch job fails, and start() says so without
+    waiting out its timeout."""
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"the engines' batch job \d+ ended before they registered \(--mpi=pmix; "
+                                           r"`srun --mpi=list` shows .*\): .*pmix"):
+        start(launcher_args=["--mpi=pmix"])
+    assert time.monotonic() - t0 < 30
