@@ -206,11 +206,17 @@ class MPICluster:
     ) -> MPICluster:
         """Attach to a running cluster, e.g. one started with ``ipcluster start --engines=MPI -n 4``.
 
-        Client. The engines must be MPI ranks of one world. :meth:`stop` on a connected cluster
-        only disconnects; :meth:`restart` works when ipyparallel's cluster file is available.
+        Client. The engines must be MPI ranks of one world. Without ``cluster_id``, the newest
+        cluster of the profile whose controller runs (a ``LookupError`` lists the ids found when
+        none does). :meth:`stop` on a connected cluster only disconnects; :meth:`restart` works
+        when ipyparallel's cluster file is available.
         """
         import ipyparallel as ipp
 
+        from mpinb.client._profiles import newest_cluster_id
+
+        # ipp.Cluster() names its connection files by an id the user rarely knows: the newest running.
+        cluster_id = cluster_id or newest_cluster_id(profile, profile_dir)
         # A whole object (every attribute __init__ sets), marked as joined rather than owned:
         # stop() then leaves the cluster running and start() refuses.
         self = cls(1, timeout=timeout, start=False)
