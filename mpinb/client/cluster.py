@@ -386,6 +386,8 @@ class MPICluster:
         if local and len(local) == len(self._engine_pids):
             for pid in local:
                 os.kill(pid, _signal.SIGINT)
+        elif self._slurm is not None:  # srun does not pass a single SIGINT on: Slurm signals the tasks
+            self._slurm.signal(_signal.SIGINT)
         elif self.cluster is not None:  # engines on other hosts: ask their launcher
             self.cluster.signal_engines_sync(_signal.SIGINT)
         else:

@@ -187,6 +187,13 @@ class SlurmEngines:
         while time.monotonic() < deadline and self._running():
             time.sleep(0.2)
 
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to every engine through Slurm (``scancel --signal``): srun itself takes a
+        single SIGINT as a request for its tasks' status and passes nothing on."""
+        if not self.target:
+            raise RuntimeError("the engines' Slurm job is not known yet; nothing to signal.")
+        self._run([self._command("scancel"), f"--signal={int(signum)}", self.target])
+
     def failure(self, launchers: Sequence[Any]) -> str | None:
         """Why the engines will never register (their srun or batch job ended), or None while they may.
 

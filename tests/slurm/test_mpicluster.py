@@ -84,6 +84,13 @@ def test_srun_step_inside_an_allocation(slurm, monkeypatch):
             assert re.search(rf"slurm step {job}\.\d+ --mpi=pmi2", repr(cluster)), repr(cluster)
             check_hosts(cluster, ["host1", "host2"])  # one task on each node of the allocation
             assert f"controller={slurm.sim.gateway}>" in repr(cluster)
+            # Ctrl-C on every rank: srun would keep a single SIGINT to itself; Slurm signals the step.
+            ar = cluster.view.execute("import time\ntry:\n    time.sleep(60)\n    how = 'slept'\n"
+                                      "except KeyboardInterrupt:\n    how = 'interrupted'\n", block=False)
+            time.sleep(1.0)
+            cluster.interrupt()
+            ar.wait(timeout=20)
+            assert ar.ready() and cluster.pull("how") == ["interrupted", "interrupted"]
         finally:
             cluster.stop()
         # The step ended with the cluster; the allocation is the user's and stays.
@@ -132,3 +139,4 @@ def test_a_pmi_that_does_not_work_is_reported_at_once(slurm):
                                            r"`srun --mpi=list` shows .*\): .*pmix"):
         start(1, launcher_args=["--mpi=pmix"])
     assert time.monotonic() - t0 < 30
+
