@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "multihost"))  #
 
 import netsim  # noqa: E402
 
-__all__ = ["DAEMONS", "SlurmCluster", "unavailable_reason"]
+__all__ = ["DAEMON_PIDS", "SlurmCluster", "unavailable_reason"]
 
-DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "salloc", "scancel", "squeue", "scontrol", "sinfo")
 CPUS_PER_NODE = 2
+DAEMON_PIDS: set[int] = set()  # the live daemons of this process's Slurm clusters
 
 _CONF = """\
 ClusterName=mpinbtest
@@ -81,7 +81,7 @@ def unavailable_reason() -> str | None:
 
 
 class SlurmCluster:
-    """``count`` Slurm nodes (``host1``...), each a slurmd on a simulated host; a context manager.
+    """``count`` Slurm nodes (``host1``...), each a slurmd on a simulated host; :meth:`start`, then :meth:`stop`.
 
     Attributes (after start): ``sim`` (the :class:`netsim.SimulatedHosts`), ``folder``, ``conf``
     (the slurm.conf path: Slurm's commands find it through :meth:`env`).
@@ -92,17 +92,6 @@ class SlurmCluster:
         self.folder = ""
         self.conf = ""
         self._daemons: list[subprocess.Popen[bytes]] = []
-
-    def __enter__(self) -> SlurmCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def env(self) -> dict[str, str]:
         """What Slurm's commands need to talk to this cluster, and the launcher wrapper its hosts."""
@@ -138,7 +127,8 @@ class SlurmCluster:
         return self
 
     def stop(self) -> None:
-        """End every daemon (SIGTERM, then SIGKILL), the hosts with what jobs left on them, and the folder."""
+        """End every daemon (SIGTERM, then SIGKILL), the hosts with what jobs left on them, and the folder;
+        safe after a failed start."""
         for proc in reversed(self._daemons):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -148,6 +138,7 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            DAEMON_PIDS.discard(proc.pid)
         self._daemons = []
         self.sim.stop()
         if self.folder:
@@ -177,11 +168,12 @@ class SlurmCluster:
 
     # -- private ----------------------------------------------------------------------------------
     def _spawn(self, argv: list[str]) -> None:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=open(Path(self.folder) / "log" / f"{Path(argv[0]).name}.err", "ab"),
-                                env={**os.environ, "PATH": _path(), "SLURM_CONF": self.conf},
-                                start_new_session=True)
+        with open(Path(self.folder) / "log" / f"{Path(argv[0]).name}.err", "ab") as err:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    env={**os.environ, "PATH": _path(), "SLURM_CONF": self.conf},
+                                    start_new_session=True)
         self._daemons.append(proc)
+        DAEMON_PIDS.add(proc.pid)
 
     def _nodes_idle(self) -> bool:
         if any(p.poll() is not None for p in self._daemons):
