@@ -15,6 +15,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -109,6 +110,7 @@ class SlurmEngines:
         # the owner dies before sbatch has answered with its id.
         self.job_name = f"mpinb-{os.getpid()}-{secrets.token_hex(4)}"
         self._next_look = 0.0
+        self._script_dir = ""
 
     # -- what MPICluster hands to ipyparallel ------------------------------------------------------
     def settings(self) -> tuple[str, dict[str, Any]]:
@@ -131,7 +133,11 @@ class SlurmEngines:
             f"exec {shlex.quote(srun)} --mpi={self.pmi} {{program}} --mpi {{program_args}}",
             "",
         ])
+        # ipyparallel writes the script into its working directory (the notebook's folder) and leaves
+        # it there; an absolute name puts it in a private folder, removed once sbatch has read it.
+        self._script_dir = tempfile.mkdtemp(prefix="mpinb-sbatch-")
         return "slurm", {"SlurmEngineSetLauncher": {
+            "batch_file_name": os.path.join(self._script_dir, f"{self.job_name}.sbatch"),
             "submit_command": [self._command("sbatch"), *self.args],
             "delete_command": [self._command("scancel")],
             "signal_command": [self._command("scancel"), "-s"],
@@ -155,6 +161,7 @@ class SlurmEngines:
     # -- after the engines started ---------------------------------------------------------------
     def identify(self, launchers: Sequence[Any], engine: Any) -> None:
         """Learn the job (and step) the engines run in, from an engine (an ipyparallel view of one)."""
+        self.remove_script()
         found = engine.apply_sync(_slurm_ids)
         ids = [getattr(launcher, "job_id", "") for launcher in launchers]
         self.job = str(found.get("SLURM_JOB_ID") or next(filter(None, ids), "") or self.job)
@@ -177,8 +184,15 @@ class SlurmEngines:
             return []
         return [scancel, f"--name={self.job_name}"] if self.job_name else []
 
+    def remove_script(self) -> None:
+        """Remove the batch script: slurmctld keeps its own copy from submission on."""
+        if self._script_dir:
+            shutil.rmtree(self._script_dir, ignore_errors=True)
+            self._script_dir = ""
+
     def cancel(self) -> None:
         """End the engines' job or step, and wait (a bounded while) until Slurm says it has ended."""
+        self.remove_script()
         command = self.cancel_command()
         if not command:
             return

@@ -8,7 +8,9 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,6 +47,11 @@ def check_world(cluster, slurm, hosts) -> None:
     assert f"controller={slurm.sim.gateway}>" in repr(cluster)  # the bridge, never loopback
 
 
+def scripts() -> list[Path]:
+    """The batch scripts of this process's clusters still on disk."""
+    return list(Path(tempfile.gettempdir()).glob(f"mpinb-sbatch-*/mpinb-{os.getpid()}-*.sbatch"))
+
+
 def check_hosts(cluster, hosts) -> None:
     """One world, ranks in order on the nodes ``hosts`` names (cheaper than check_world: no KMeans)."""
     cluster.view.execute("import mpinb, socket; host, size = socket.gethostname(), mpinb.world().size")
@@ -66,6 +73,8 @@ def test_batch_job_from_outside_an_allocation_then_restart(slurm):
         again = re.search(r"slurm job (\d+)", repr(cluster)).group(1)
         assert again != job and [j.split()[:2] for j in slurm.jobs()] == [[again, "RUNNING"]]
         check_hosts(cluster, ["host1", "host1", "host2"])
+        # The batch script is gone once submitted: not in the notebook's folder, not in /tmp.
+        assert not list(Path.cwd().glob("*.sbatch")) and not scripts()
     finally:
         cluster.stop()
     assert slurm.jobs() == []  # stop() waited until Slurm had ended the job
@@ -139,4 +148,5 @@ def test_a_pmi_that_does_not_work_is_reported_at_once(slurm):
                                            r"`srun --mpi=list` shows .*\): .*pmix"):
         start(1, launcher_args=["--mpi=pmix"])
     assert time.monotonic() - t0 < 30
+    assert not scripts()
 
