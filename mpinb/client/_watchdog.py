@@ -50,7 +50,7 @@ class Watchdog:
             os.write(self._write, f"watch {line}\n".encode())
 
     def on_death(self, command: list[str]) -> None:
-        """Run ``command`` too (after ending the watched processes) when the owner dies; the last one given counts."""
+        """Run ``command`` too when the owner dies (after ending the watched processes); the last given counts."""
         if command and self._write is not None:
             os.write(self._write, f"run {json.dumps(command)}\n".encode())
 

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                              help="ranks for the check across the hosts (default: the slots, one per host without)")
     info_parser.add_argument("--slurm", action="store_true", help="check that srun starts ranks of one MPI world")
     info_parser.add_argument("--mpi", metavar="PLUGIN", dest="slurm_mpi",
-                             help="with --slurm: the srun --mpi plugin to try (default: what MPICluster would choose)")
+                             help="with --slurm: the srun --mpi plugin to try (default: MPICluster's choice)")
     info_parser.add_argument("--timeout", type=float, default=10.0, help="seconds per probe (default 10)")
     args = parser.parse_args(argv)
     if args.command == "info":

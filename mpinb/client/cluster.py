@@ -132,6 +132,9 @@ class MPICluster:
             raise ValueError(f"launcher must be 'mpiexec' or 'slurm'; got {launcher!r}.")
         if launcher_args and launcher != "slurm":
             raise ValueError("launcher_args go with launcher='slurm'; mpiexec's arguments are mpi_args.")
+        if mpi_args and launcher == "slurm":
+            raise ValueError("mpi_args are mpiexec's; with launcher='slurm' pass srun/sbatch arguments as "
+                             "launcher_args.")
         self._launcher, self._launcher_args = launcher, list(launcher_args or [])
         self._slurm: Any = None  # mpinb.client.slurm.SlurmEngines, for launcher="slurm"
         self._config = config
@@ -171,7 +174,8 @@ class MPICluster:
         if self._launcher == "slurm":  # a Slurm job or step instead: mpinb.client.slurm decides how
             from mpinb.client.slurm import SlurmEngines
 
-            self._slurm = SlurmEngines(self.n, self._launcher_args, {"PYTHONUNBUFFERED": "1", **self._env}, threads)
+            slurm_env = {"PYTHONUNBUFFERED": "1", **self._env}
+            self._slurm = SlurmEngines(self.n, self._launcher_args, slurm_env, threads)
             (engines, launch), controller_ip = self._slurm.settings(), self._slurm.controller_ip(self._controller_ip)
         config = _config(launch, self._config)
         self.cluster = ipp.Cluster(
@@ -401,7 +405,9 @@ class MPICluster:
 
     def __repr__(self) -> str:
         state = "running" if self.client is not None else "stopped"
-        how = f" {self._slurm.describe()} controller={self.cluster.controller_ip}" if self._slurm and self.cluster else ""
+        how = ""
+        if self._slurm is not None and self.cluster is not None:
+            how = f" {self._slurm.describe()} controller={self.cluster.controller_ip}"
         return f"<MPICluster n={self.n} {state} ranks->engines={self._ids_by_rank}{how}>"
 
     # -- rank-ordered data ---------------------------------------------------------------------

@@ -215,7 +215,11 @@ def check_mpi_across(
 
 
 def check_srun(
-    *, timeout: float = 20.0, python: str | None = None, env: Mapping[str, str] | None = None, mpi: str | None = None
+    *,
+    timeout: float = 20.0,
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+    mpi: str | None = None,
 ) -> list[Finding]:
     """Whether Slurm's ``srun`` can start MPI ranks that form one world.
 

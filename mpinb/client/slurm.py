@@ -97,7 +97,8 @@ class SlurmEngines:
         from mpinb.comm import thread_env
 
         if isinstance(launcher_args, str) or not all(isinstance(a, str) for a in launcher_args):
-            raise TypeError(f"launcher_args must be a list of strings, e.g. ['--partition=debug']; got {launcher_args!r}.")
+            raise TypeError("launcher_args must be a list of strings, e.g. ['--partition=debug']; "
+                            f"got {launcher_args!r}.")
         self.n = n
         self.inside = in_allocation()
         self.env = {**(thread_env(threads_per_rank) if threads_per_rank else {}), **env}
@@ -196,7 +197,10 @@ class SlurmEngines:
         command = self.cancel_command()
         if not command:
             return
-        subprocess.run(command, check=False, capture_output=True, timeout=_PROBE_TIMEOUT)
+        try:
+            subprocess.run(command, check=False, capture_output=True, timeout=_PROBE_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired):
+            return  # slurmctld unreachable: ipyparallel's own scancel follows, and the watchdog's
         deadline = time.monotonic() + _GONE_TIMEOUT
         while time.monotonic() < deadline and self._running():
             time.sleep(0.2)

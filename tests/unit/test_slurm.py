@@ -39,3 +39,5 @@ def test_mpicluster_checks_its_launcher():
         mpinb.MPICluster(2, launcher="pbs", start=False)
     with pytest.raises(ValueError, match=r"launcher_args go with launcher='slurm'; mpiexec's arguments are mpi_args"):
         mpinb.MPICluster(2, launcher_args=["-p", "debug"], start=False)
+    with pytest.raises(ValueError, match=r"mpi_args are mpiexec's; with launcher='slurm' pass srun/sbatch arguments"):
+        mpinb.MPICluster(2, launcher="slurm", mpi_args=["-f", "hosts"], start=False)
