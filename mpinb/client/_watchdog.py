@@ -115,6 +115,9 @@ def main(owner: int) -> None:
     trees.discard(os.getpid())
     end(sorted(trees), grace=_GRACE, terminate=True)
     if command:
-        subprocess.run(command, check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=30)
+        try:
+            subprocess.run(command, check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # nobody is left to tell (scancel missing, slurmctld gone): the job's time limit ends it
 

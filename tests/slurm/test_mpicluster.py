@@ -100,6 +100,11 @@ def test_srun_step_inside_an_allocation(slurm, monkeypatch):
             cluster.interrupt()
             ar.wait(timeout=20)
             assert ar.ready() and cluster.pull("how") == ["interrupted", "interrupted"]
+            step = re.search(r"slurm step (\S+)", repr(cluster)).group(1)
+            cluster.restart()  # a fresh step in the same allocation
+            again = re.search(r"slurm step (\S+)", repr(cluster)).group(1)
+            assert again != step and again.startswith(f"{job}.")
+            check_hosts(cluster, ["host1", "host2"])
         finally:
             cluster.stop()
         # The step ended with the cluster; the allocation is the user's and stays.
