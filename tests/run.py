@@ -13,6 +13,10 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
                  reached through a launcher wrapper, MPI over TCP): KMeans and Keras against one
                  host, an MPICluster gathering from every host, per-host thread budgets,
                  ``mpinb info --hosts``; needs root, and skips in one line without it;
+- ``slurm``      a real Slurm (munged, slurmctld, a slurmd on each of 3 simulated hosts): MPICluster
+                 through sbatch and through srun inside an allocation, KMeans and Keras in a batch
+                 step against one process, owner killed, ``mpinb info --slurm``; needs root and
+                 Debian's Slurm packages, and skips in one line without them;
 - ``notebooks``  the tutorial notebooks executed on real clusters, with assertions on their values;
 - ``browser``    a tutorial notebook run to the end in JupyterLab in headless Chromium.
 
@@ -37,10 +41,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
-TIERS = ("unit", "mpi", "cluster", "multihost", "notebooks", "browser")
+TIERS = ("unit", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser")
 MPI_SIZES = (1, 2, 3, 4)
 # Hard limits: a hung collective ends the run instead of eating CI's budget.
-TIER_TIMEOUT = {"unit": 600, "mpi": 480, "cluster": 600, "multihost": 300, "notebooks": 900, "browser": 300}
+TIER_TIMEOUT = {"unit": 600, "mpi": 480, "cluster": 600, "multihost": 300, "slurm": 300, "notebooks": 900,
+                "browser": 300}
 PER_TEST_TIMEOUT = 180
 
 
@@ -97,11 +102,11 @@ def main() -> int:
         if not any(tier_dir.glob("test_*.py")):
             print(f"[run.py] tier {tier}: no tests yet", flush=True)
             continue
-        if tier == "multihost" and (reason := multihost_unavailable()):
+        if tier in ("multihost", "slurm") and (reason := tier_unavailable(tier)):
             # One line, and one skip in the closing count, instead of a column of skipped tests.
-            print(f"[run.py] tier multihost: skipped, {reason}", flush=True)
-            skip = {"name": "multihost", "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
-            (reports / "multihost.json").write_text(json.dumps(skip))
+            print(f"[run.py] tier {tier}: skipped, {reason}", flush=True)
+            skip = {"name": tier, "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
+            (reports / f"{tier}.json").write_text(json.dumps(skip))
             continue
         if tier == "mpi":
             for n in (int(s) for s in args.np.split(",")):
@@ -154,14 +159,14 @@ def run_mpi_tier(n: int, env: dict[str, str], extra: list[str]) -> int:
     return run(cmd, dict(mpi_env(n, threads_per_rank=1, base=env), MPINB_TEST_TIER="mpi"), TIER_TIMEOUT["mpi"])
 
 
-def multihost_unavailable() -> str | None:
-    """Why the multihost tier cannot simulate hosts here (not root, no namespaces), or None."""
-    sys.path.insert(0, str(ROOT / "tests" / "multihost"))
+def tier_unavailable(tier: str) -> str | None:
+    """Why the multihost or slurm tier cannot run here (not root, no namespaces, no Slurm), or None."""
+    module = {"multihost": "netsim", "slurm": "slurmsim"}[tier]
+    sys.path[:0] = [str(ROOT / "tests" / "multihost"), str(ROOT / "tests" / tier)]
     try:
-        from netsim import unavailable_reason
+        return __import__(module).unavailable_reason()
     finally:
-        sys.path.pop(0)
-    return unavailable_reason()
+        del sys.path[:2]
 
 
 def run(cmd: list[str], env: dict[str, str], timeout: float) -> int:

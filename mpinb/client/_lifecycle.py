@@ -35,17 +35,21 @@ class Owned:
         self.options = options
         self.watchdog: Watchdog | None = None
         self.shared_memory: set[str] = set()  # MPI's segments in /dev/shm, removed by stop()
+        self.slurm: Any = None  # mpinb.client.slurm.SlurmEngines, with launcher="slurm"
 
     def start(self, mc: MPICluster) -> None:
-        mc.cluster = self.options.make_cluster(mc.n)
+        self.slurm = self.options.slurm_engines(mc.n)
+        mc.cluster = self.options.make_cluster(mc.n, self.slurm)
         # Before any process starts: whatever happens to this process from now on, the cluster ends
         # with it (mpinb.client._watchdog).
         self.watchdog = Watchdog()
         try:
+            self._cancel_on_death(mc)
             mc.cluster.start_cluster_sync()
             self.watchdog.watch(_launcher_pids(mc.cluster))  # it ends their trees too
             mc.client = mc.cluster.connect_client_sync()
             mc._identify(wait_for_new_engines(mc, set()))
+            self._cancel_on_death(mc)
             self.watchdog.watch(mc._local_engine_pids)
             _protect_files(mc.cluster)
             self.shared_memory = shared_memory_of(mc._local_engine_pids)
@@ -57,6 +61,8 @@ class Owned:
         pids = tracked_pids(mc)
         mc._disconnect()
         if mc.cluster is not None:
+            if self.slurm is not None:  # engines on other nodes: only Slurm can end them
+                self.slurm.cancel()
             kill_engines(mc)
             try:
                 mc.cluster.stop_cluster_sync()
@@ -85,16 +91,28 @@ class Owned:
     def enter(self, mc: MPICluster) -> MPICluster:
         return mc.start()
 
+    def _cancel_on_death(self, mc: MPICluster) -> None:
+        """A Slurm job's engines run where no PID of ours reaches: the watchdog cancels the job."""
+        if self.slurm is not None and self.watchdog is not None:
+            if mc.view is not None:
+                self.slurm.identify(list(mc.cluster.engines.values()), mc.client[mc._ids_by_rank[0]])
+            self.watchdog.on_death(self.slurm.cancel_command())
+
 
 class Joined:
     """A cluster started elsewhere (``ipcluster start --engines=MPI``) that ``MPICluster.connect`` joined."""
 
     started_by_mpinb = False  # someone else's engines: configured as their owner chose
     watchdog = None  # it must outlive this notebook
+    slurm = None
 
     def connect(self, mc: MPICluster, profile: str | None, profile_dir: str | None, cluster_id: str) -> None:
         import ipyparallel as ipp
 
+        from mpinb.client._profiles import newest_cluster_id
+
+        # ipp.Cluster() names its connection files by an id the user rarely knows: the newest running.
+        cluster_id = cluster_id or newest_cluster_id(profile, profile_dir)
         try:
             mc.cluster = ipp.Cluster.from_file(profile=profile, profile_dir=profile_dir, cluster_id=cluster_id)
             mc.client = mc.cluster.connect_client_sync()
@@ -133,6 +151,9 @@ def wait_for_new_engines(mc: MPICluster, old: set[Any], timeout: float | None = 
         new = {eid for eid, _ in _engine_keys(mc.client) - old}
         if len(new) >= mc.n:
             return sorted(new)
+        slurm = mc._path.slurm
+        if slurm is not None and (why := slurm.failure(list(mc.cluster.engines.values()))):
+            raise RuntimeError(why)
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"only {len(new)} of {mc.n} MPI engines registered within {limit:.0f} s; "

@@ -37,7 +37,9 @@ class LaunchOptions:
     threads_per_rank: int | None = None  # None: "auto", each host's cores shared by its ranks
     log_level: int = logging.ERROR
     timeout: float = 120.0
-    controller_ip: str = "127.0.0.1"
+    controller_ip: str | None = None  # None: loopback for mpiexec, the address reaching the nodes for Slurm
+    launcher: str = "mpiexec"
+    launcher_args: tuple[str, ...] = ()
     config: Any = None
     cluster_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
@@ -51,12 +53,21 @@ class LaunchOptions:
         threads_per_rank: int | str,
         log_level: str | int,
         timeout: float,
-        controller_ip: str,
+        controller_ip: str | None,
+        launcher: str = "mpiexec",
+        launcher_args: Sequence[str] | None = None,
         config: Any,
         cluster_kwargs: Mapping[str, Any],
     ) -> LaunchOptions:
         """The options, or the error that names the first argument that is wrong. Local."""
         check_int(n, "n", minimum=1, unit="number of engines")
+        if launcher not in ("mpiexec", "slurm"):
+            raise ValueError(f"launcher must be 'mpiexec' or 'slurm'; got {launcher!r}.")
+        if launcher_args and launcher != "slurm":
+            raise ValueError("launcher_args go with launcher='slurm'; mpiexec's arguments are mpi_args.")
+        if mpi_args and launcher == "slurm":
+            raise ValueError("mpi_args are mpiexec's; with launcher='slurm' pass srun/sbatch arguments as "
+                             "launcher_args.")
         if threads_per_rank != "auto":
             check_int(threads_per_rank, "threads_per_rank", minimum=1, alternative="'auto'")
         unknown = sorted(set(cluster_kwargs) - PASSED_TO_IPYPARALLEL)
@@ -75,12 +86,24 @@ class LaunchOptions:
             log_level=logging.getLevelName(log_level) if isinstance(log_level, str) else int(log_level),
             timeout=float(timeout),
             controller_ip=controller_ip,
+            launcher=launcher,
+            launcher_args=tuple(launcher_args or ()),
             config=config,
             cluster_kwargs=dict(cluster_kwargs),
         )
 
-    def make_cluster(self, n: int) -> Any:
-        """The ``ipyparallel.Cluster`` (not started) for ``n`` MPI engines under these options. Client."""
+    def slurm_engines(self, n: int) -> Any:
+        """The Slurm job or step that will run ``n`` engines (:mod:`mpinb.client.slurm`), or
+        ``None`` with ``launcher="mpiexec"``. Client."""
+        if self.launcher != "slurm":
+            return None
+        from mpinb.client.slurm import SlurmEngines
+
+        return SlurmEngines(n, self.launcher_args, {"PYTHONUNBUFFERED": "1", **self.env}, self.threads_per_rank)
+
+    def make_cluster(self, n: int, slurm: Any = None) -> Any:
+        """The ``ipyparallel.Cluster`` (not started) for ``n`` MPI engines under these options, as
+        the Slurm job or step ``slurm`` when one is given. Client."""
         import ipyparallel as ipp
 
         from mpinb.client.launch import find_mpiexec, mpi_env
@@ -89,15 +112,14 @@ class LaunchOptions:
         # which knows its host (mpinb._engine.set_up).
         engine_env = {**mpi_env(n, threads_per_rank=self.threads_per_rank, base={}), "PYTHONUNBUFFERED": "1",
                       **self.env}
-        config = _config(
-            {
-                "MPILauncher": {"mpi_cmd": [find_mpiexec()], "mpi_args": list(self.mpi_args)},
-                "MPIEngineSetLauncher": {"environment": engine_env},
-            },
-            self.config,
-        )
-        return ipp.Cluster(engines="mpi", n=n, controller_ip=self.controller_ip, log_level=self.log_level,
-                           config=config, **self.cluster_kwargs)
+        engines, launch, controller_ip = "mpi", {
+            "MPILauncher": {"mpi_cmd": [find_mpiexec()], "mpi_args": list(self.mpi_args)},
+            "MPIEngineSetLauncher": {"environment": engine_env},
+        }, self.controller_ip or "127.0.0.1"
+        if slurm is not None:  # a Slurm job or step instead: mpinb.client.slurm decides how
+            (engines, launch), controller_ip = slurm.settings(), slurm.controller_ip(self.controller_ip)
+        return ipp.Cluster(engines=engines, n=n, controller_ip=controller_ip, log_level=self.log_level,
+                           config=_config(launch, self.config), **self.cluster_kwargs)
 
 
 def _config(base: dict[str, Any], extra: Any) -> Any:

@@ -6,12 +6,15 @@ write end is in the owner; it reads the PIDs to watch from it (the controller, `
 engines, again after a restart). When the owner says ``stop`` (a clean :meth:`MPICluster.stop`),
 the watchdog just exits. When the pipe ends without ``stop``, or the owner's PID is gone (a forked
 child of the owner could keep the pipe open), the owner has died: the watchdog sends SIGTERM to
-every watched process and its descendants, SIGKILL two seconds later to what is left, and exits.
-It runs in its own session, so a signal to the kernel's process group does not reach it.
+every watched process and its descendants, SIGKILL two seconds later to what is left, runs the
+commands it was given for that case (``scancel`` of a Slurm job whose engines run on other nodes,
+where no PID of this machine reaches them), and exits. It runs in its own session, so a signal to
+the kernel's process group does not reach it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import subprocess
@@ -45,6 +48,11 @@ class Watchdog:
         line = " ".join(str(int(p)) for p in pids if p)
         if line and self._write is not None:
             os.write(self._write, f"watch {line}\n".encode())
+
+    def on_death(self, command: list[str]) -> None:
+        """Run ``command`` too when the owner dies (after ending the watched processes); the last given counts."""
+        if command and self._write is not None:
+            os.write(self._write, f"run {json.dumps(command)}\n".encode())
 
     def release(self) -> None:
         """The owner stopped the cluster itself: the watchdog exits without touching anything."""
@@ -81,6 +89,7 @@ def main(owner: int) -> None:
     from mpinb.client._processes import descendants, end
 
     watched: set[int] = set()
+    command: list[str] = []
     buffered = b""
     while True:
         ready, _, _ = select.select([0], [], [], _POLL)
@@ -96,6 +105,8 @@ def main(owner: int) -> None:
                     return
                 if words[:1] == ["watch"]:
                     watched.update(int(w) for w in words[1:])
+                if words[:1] == ["run"]:
+                    command = json.loads(line.decode().split(" ", 1)[1])
         elif not _owner_alive(owner):
             break
     trees = set(watched)
@@ -103,4 +114,10 @@ def main(owner: int) -> None:
         trees.update(descendants(pid))
     trees.discard(os.getpid())
     end(sorted(trees), grace=_GRACE, terminate=True)
+    if command:
+        try:
+            subprocess.run(command, check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # nobody is left to tell (scancel missing, slurmctld gone): the job's time limit ends it
 

@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     info_parser.add_argument("--np", type=int, dest="info_np", metavar="N",
                              help="ranks for the check across the hosts (default: the slots, one per host without)")
     info_parser.add_argument("--slurm", action="store_true", help="check that srun starts ranks of one MPI world")
+    info_parser.add_argument("--mpi", metavar="PLUGIN", dest="slurm_mpi",
+                             help="with --slurm: the srun --mpi plugin to try (default: MPICluster's choice)")
     info_parser.add_argument("--timeout", type=float, default=10.0, help="seconds per probe (default 10)")
     args = parser.parse_args(argv)
     if args.command == "info":
@@ -152,7 +154,7 @@ def _preflight(args: argparse.Namespace) -> int:
                                                timeout=max(30.0, 3 * args.timeout))])
     if args.slurm:
         print("\nSlurm:")
-        report(preflight.check_srun(timeout=args.timeout))
+        report(preflight.check_srun(timeout=args.timeout, mpi=args.slurm_mpi))
     failed = [f for f in findings if not f.ok]
     print(f"\n{len(findings) - len(failed)} of {len(findings)} pre-flight checks passed"
           + (f"; failed: {', '.join(f.subject for f in failed)}." if failed else "."))

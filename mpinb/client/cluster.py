@@ -45,8 +45,16 @@ class MPICluster:
         ipyparallel's log level; above ERROR, stopping a cluster prints engine logs into the cell.
     timeout : float, default 120
         Seconds to wait for engines to register.
-    controller_ip : str, default "127.0.0.1"
-        Where the controller listens. Engines on other hosts need a reachable address here.
+    controller_ip : str, optional
+        Where the controller listens: by default ``127.0.0.1``, and with ``launcher="slurm"`` this
+        machine's address that reaches the Slurm nodes. Engines on other hosts need a reachable address.
+    launcher : {"mpiexec", "slurm"}, default "mpiexec"
+        How the engines start: ``mpiexec`` here (or across a hostfile), or as Slurm tasks: a batch job
+        submitted with ``sbatch`` from outside an allocation, an ``srun`` step inside one
+        (:mod:`mpinb.client.slurm`).
+    launcher_args : sequence of str, optional
+        With ``launcher="slurm"``: extra ``sbatch``/``srun`` arguments, e.g.
+        ``["--partition=debug", "--time=00:30:00", "--account=proj"]`` (``--mpi=NAME`` picks the PMI).
     start : bool, default True
         Start immediately; with ``False`` call :meth:`start` (or use ``with``).
     config : traitlets.config.Config or dict, optional
@@ -78,14 +86,17 @@ class MPICluster:
         threads_per_rank: int | str = "auto",
         log_level: str | int = "ERROR",
         timeout: float = 120.0,
-        controller_ip: str = "127.0.0.1",
+        controller_ip: str | None = None,
+        launcher: str = "mpiexec",
+        launcher_args: Sequence[str] | None = None,
         start: bool = True,
         config: Any = None,
         **cluster_kwargs: Any,
     ) -> None:
         options = LaunchOptions.check(
             n, mpi_args=mpi_args, env=env, threads_per_rank=threads_per_rank, log_level=log_level, timeout=timeout,
-            controller_ip=controller_ip, config=config, cluster_kwargs=cluster_kwargs,
+            controller_ip=controller_ip, launcher=launcher, launcher_args=launcher_args, config=config,
+            cluster_kwargs=cluster_kwargs,
         )
         self.n = options.n
         self.timeout = options.timeout
@@ -114,8 +125,10 @@ class MPICluster:
     ) -> MPICluster:
         """Attach to a running cluster, e.g. one started with ``ipcluster start --engines=MPI -n 4``.
 
-        Client. The engines must be MPI ranks of one world. :meth:`stop` on a connected cluster
-        only disconnects; :meth:`restart` works when ipyparallel's cluster file is available.
+        Client. The engines must be MPI ranks of one world. Without ``cluster_id``, the newest
+        cluster of the profile whose controller runs (a ``LookupError`` lists the ids found when
+        none does). :meth:`stop` on a connected cluster only disconnects; :meth:`restart` works
+        when ipyparallel's cluster file is available.
         """
         # A whole object (every attribute __init__ sets), holding a joined cluster rather than an
         # owned one: stop() then leaves the cluster running and start() refuses.
@@ -196,6 +209,9 @@ class MPICluster:
 
         if self.client is None:
             raise RuntimeError("interrupt() needs a running cluster; this MPICluster is stopped.")
+        if self._path.slurm is not None:  # srun keeps a single SIGINT to itself: Slurm signals the tasks
+            self._path.slurm.signal(signal.SIGINT)
+            return
         here = socket.gethostname()
         alive = set(self.client.ids)
         remote = []
@@ -223,7 +239,10 @@ class MPICluster:
 
     def __repr__(self) -> str:
         state = "running" if self.client is not None else "stopped"
-        return f"<MPICluster n={self.n} {state} ranks->engines={self._ids_by_rank}>"
+        how = ""
+        if self._path.slurm is not None and self.cluster is not None:
+            how = f" {self._path.slurm.describe()} controller={self.cluster.controller_ip}"
+        return f"<MPICluster n={self.n} {state} ranks->engines={self._ids_by_rank}{how}>"
 
     # -- rank-ordered data ---------------------------------------------------------------------
 

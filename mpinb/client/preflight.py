@@ -214,15 +214,25 @@ def check_mpi_across(
     return _mpi_finding(subject, n, out, code, seconds, timeout)
 
 
-def check_srun(*, timeout: float = 20.0, python: str | None = None, env: Mapping[str, str] | None = None) -> list[Finding]:
+def check_srun(
+    *,
+    timeout: float = 20.0,
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+    mpi: str | None = None,
+) -> list[Finding]:
     """Whether Slurm's ``srun`` can start MPI ranks that form one world.
 
     Client. Two probes, each under ``timeout`` seconds: ``srun --mpi=list`` (does Slurm offer a PMI
-    plugin — pmi2 or PMIx — that an MPI library can use?) and ``srun -n 2 python -m
+    plugin — pmi2 or PMIx — that an MPI library can use?) and ``srun --mpi=PMI -n 2 python -m
     mpi4py.bench helloworld`` (do two ranks see a world of two, or two one-rank "singleton" worlds,
     which is what an srun without PMI gives: every later collective then "works" on one rank each,
-    or hangs).
+    or hangs). ``mpi`` names the plugin to try (``"none"`` shows what a missing one does); by
+    default it is the one ``MPICluster(launcher="slurm")`` would choose, or Slurm's default when
+    the list offers none.
     """
+    from mpinb.client.slurm import choose_pmi, parse_mpi_list
+
     exe = shutil.which("srun", path=(env or os.environ).get("PATH"))
     if exe is None:
         return [Finding("srun", False, "not found on PATH: run inside a Slurm allocation (salloc/sbatch) on a "
@@ -230,11 +240,11 @@ def check_srun(*, timeout: float = 20.0, python: str | None = None, env: Mapping
     findings = []
     listing = "srun --mpi=list"
     out, code = finish(_spawn([exe, "--mpi=list"], env), timeout)
+    names: list[str] = []
     if code is None:
         findings.append(Finding(listing, False, f"no answer within {timeout:g} s (slurmctld unreachable?)."))
     else:
-        # One plugin name per line (after a header, with or without an "srun:" prefix).
-        names = [w for w in (line.replace("srun:", "").strip() for line in out.splitlines()) if w and " " not in w]
+        names = parse_mpi_list(out)
         pmi = [w for w in names if w.lower().startswith("pmi")]
         if code == 0 and pmi:
             findings.append(Finding(listing, True, f"offers {', '.join(pmi)}."))
@@ -246,9 +256,11 @@ def check_srun(*, timeout: float = 20.0, python: str | None = None, env: Mapping
                 "Slurm built with PMIx or PMI2 (`srun --mpi=pmix` / `--mpi=pmi2`), or start the ranks with "
                 "mpiexec inside the allocation (`mpiexec -launcher slurm`).",
             ))
-    hello = [exe, "-n", "2", python or sys.executable, "-m", "mpi4py.bench", "helloworld"]
+    plugin = mpi or (choose_pmi(names) if code == 0 else None)
+    flag = [f"--mpi={plugin}"] if plugin else []
+    hello = [exe, *flag, "-n", "2", python or sys.executable, "-m", "mpi4py.bench", "helloworld"]
     out, code = finish(_spawn(hello, env), timeout)
-    subject = "srun -n 2 python -m mpi4py.bench helloworld"
+    subject = " ".join(["srun", *flag, "-n 2 python -m mpi4py.bench helloworld"])
     if code is None:
         findings.append(Finding(subject, False, f"did not finish within {timeout:g} s: srun waited for an "
                                 "allocation or the ranks waited for each other (run it inside salloc/sbatch)."))

@@ -19,6 +19,7 @@ run, and the host map travels in an environment variable, not a file. :meth:`Sim
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
@@ -33,7 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HOLDERS", "LAUNCHER", "PREFIX", "TCP", "YIELD", "Host", "SimulatedHosts", "unavailable_reason"]
+__all__ = ["HOLDERS", "LAUNCHER", "PREFIX", "TCP", "YIELD", "Host", "SimulatedHosts", "processes_left",
+           "session_environment", "skip_tier_unless", "unavailable_reason"]
 
 LAUNCHER = Path(__file__).with_name("launcher.sh")
 PREFIX = "mnbt"  # every link this module creates starts with it (plus 6 hex digits per run)
@@ -272,6 +274,59 @@ class SimulatedHosts:
         """Bytes each host has sent into the bridge: its eth0's transmit counter, read from the
         holder's view of /proc/net/dev (its network namespace)."""
         return {h.name: _tx_bytes(h.pid, "eth0") for h in self.hosts}
+
+
+# -- what the tiers' conftests share ------------------------------------------------------------------
+@contextlib.contextmanager
+def session_environment(extra: dict[str, str]):
+    """``os.environ`` with ``extra`` and a private IPYTHONDIR for a tier's session, restored afterwards.
+
+    For the processes the tests start (mpiexec, Slurm's commands, ipyparallel's launchers); the
+    IPYTHONDIR is read when ipyparallel builds profile paths, so no test touches the user's profiles.
+    """
+    ipython_dir = tempfile.mkdtemp(prefix="mpinb-test-ipython-")
+    values = {**extra, "IPYTHONDIR": ipython_dir, "IPP_NONINTERACTIVE": "1"}
+    saved = {var: os.environ.get(var) for var in values}
+    try:
+        os.environ.update(values)
+        yield
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+        shutil.rmtree(ipython_dir, ignore_errors=True)
+
+
+def skip_tier_unless(items: list, folder: Path, tier: str, unavailable) -> None:
+    """Mark the collected tests of ``folder`` skipped, with one reason, when ``unavailable()`` gives one."""
+    import pytest
+
+    mine = [item for item in items if Path(str(item.fspath)).parent == folder]
+    reason = unavailable() if mine else None
+    for item in mine if reason else []:
+        item.add_marker(pytest.mark.skip(reason=f"{tier} tier: {reason}"))
+
+
+def processes_left(tags: tuple[str, ...], keep: set[int] = frozenset()) -> list[int]:
+    """PIDs of this process's descendants whose command line holds one of ``tags`` (except ``keep``
+    and the hosts' holders) that are still alive 10 s on; they are killed."""
+    import psutil
+
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        if proc.pid in HOLDERS or proc.pid in keep:
+            continue
+        try:
+            if any(tag in " ".join(proc.cmdline()) for tag in tags):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(found, timeout=10)
+    for proc in alive:
+        proc.kill()
+    return [p.pid for p in alive]
 
 
 # -- private helpers --------------------------------------------------------------------------------
