@@ -309,6 +309,42 @@ def skip_tier_unless(items: list, folder: Path, tier: str, unavailable) -> None:
         item.add_marker(pytest.mark.skip(reason=f"{tier} tier: {reason}"))
 
 
+def shared_memory_segments() -> set[str]:
+    """MPI's shared-memory segments in /dev/shm now (MPICH's and UCX's)."""
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith(("mpich_shm_", "ucx_shm"))}
+    except OSError:
+        return set()
+
+
+def remove_orphan_segments(before: set[str] | None) -> list[str]:
+    """Remove the segments that appeared since ``before`` and that no process maps or holds open;
+    returns their names. Used where this tier's own jobs were killed before MPI finalized."""
+    if before is None:
+        return []
+    new = shared_memory_segments() - before
+    if not new:
+        return []
+    used: set[str] = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/maps") as fh:
+                used.update(line.rsplit("/", 1)[-1].strip() for line in fh if "/dev/shm/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    used.add(target.rsplit("/", 1)[-1])
+        except OSError:
+            continue
+    removed = sorted(new - used)
+    for name in removed:
+        try:
+            os.unlink(f"/dev/shm/{name}")
+        except OSError:
+            pass
+    return removed
+
+
 def processes_left(tags: tuple[str, ...], keep: set[int] = frozenset()) -> list[int]:
     """PIDs of this process's descendants whose command line holds one of ``tags`` (except ``keep``
     and the hosts' holders) that are still alive 10 s on; they are killed."""

@@ -37,6 +37,7 @@ ClusterName=mpinbtest
 SlurmctldHost={controller}({gateway})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
+FirstJobId={first_job}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -98,6 +99,7 @@ class SlurmCluster:
         return {"SLURM_CONF": self.conf, **self.sim.env()}
 
     def start(self) -> SlurmCluster:
+        self._segments_before = netsim.shared_memory_segments()
         self.sim.start()
         self.folder = tempfile.mkdtemp(prefix="mpinb-slurm-")
         folder = Path(self.folder)
@@ -118,7 +120,10 @@ class SlurmCluster:
         self.conf = str(folder / "slurm.conf")
         Path(self.conf).write_text(_CONF.format(
             controller=socket.gethostname().split(".")[0], gateway=self.sim.gateway, ctld_port=ctld_port,
-            slurmd_port=slurmd_port, folder=folder, nodes=nodes))
+            slurmd_port=slurmd_port, folder=folder, nodes=nodes,
+            # Job ids unlike any earlier run's: MPICH names its shared-memory segments after the
+            # job's PMI key space, so a segment a killed job left would collide with a new job's.
+            first_job=secrets.randbelow(10**7) + 1000))
         self._spawn(["slurmctld", "-D", "-i", "-f", self.conf])
         for host in self.sim.hosts:
             self._spawn(["nsenter", "--target", str(host.pid), "--net", "--uts", "--",
@@ -141,6 +146,9 @@ class SlurmCluster:
             DAEMON_PIDS.discard(proc.pid)
         self._daemons = []
         self.sim.stop()
+        # What jobs killed by scancel or an owner's death left in /dev/shm (MPI did not finalize):
+        # the segments that appeared meanwhile and that no process uses any more.
+        netsim.remove_orphan_segments(getattr(self, "_segments_before", None))
         if self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)
 

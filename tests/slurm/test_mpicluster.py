@@ -65,7 +65,7 @@ def test_batch_job_from_outside_an_allocation_then_restart(slurm):
         job = re.search(r"slurm job (\d+) --mpi=pmi2", repr(cluster)).group(1)
         assert [j.split()[:2] for j in slurm.jobs()] == [[job, "RUNNING"]]
         assert slurm.run(["squeue", "-h", "-j", job, "-o", "%j %P %l"]).stdout.split() == [
-            cluster._slurm.job_name, "debug", "10:00"]
+            cluster._path.slurm.job_name, "debug", "10:00"]
         # Three ranks on nodes of 2 CPUs: Slurm fills host1, then host2.
         check_world(cluster, slurm, ["host1", "host1", "host2"])
 
@@ -121,7 +121,7 @@ OWNER = """
 import sys, time, mpinb
 from netsim import TCP, YIELD
 cluster = mpinb.MPICluster(2, launcher="slurm", env={**TCP["ucx"], **YIELD}, threads_per_rank=1, timeout=90)
-print("JOB", cluster._slurm.job, flush=True)
+print("JOB", cluster._path.slurm.job, flush=True)
 time.sleep(600)
 """
 

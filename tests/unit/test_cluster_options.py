@@ -14,10 +14,21 @@ ipp = pytest.importorskip("ipyparallel")
 
 def test_an_unknown_argument_is_refused_by_name_before_anything_starts() -> None:
     # Once silently handed to ipyparallel, which started 4 local engines as if nothing was said.
-    with pytest.raises(TypeError, match=r"^MPICluster\(\) got an unexpected keyword argument 'launcher'; .*profile_dir"):
-        mpinb.MPICluster(n=4, launcher="slurm")
-    with pytest.raises(TypeError, match=r"unexpected keyword arguments 'engines', 'launcher_args'"):
-        mpinb.MPICluster(n=4, launcher_args=[], engines="local", start=False)
+    with pytest.raises(TypeError, match=r"^MPICluster\(\) got an unexpected keyword argument 'launch'; .*profile_dir"):
+        mpinb.MPICluster(n=4, launch="slurm")
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments 'engines', 'hostfile'"):
+        mpinb.MPICluster(n=4, hostfile="hosts", engines="local", start=False)
+
+
+def test_launcher_arguments_are_checked_together() -> None:
+    with pytest.raises(ValueError, match=r"launcher must be 'mpiexec' or 'slurm'; got 'pbs'"):
+        mpinb.MPICluster(n=2, launcher="pbs", start=False)
+    with pytest.raises(ValueError, match=r"launcher_args go with launcher='slurm'"):
+        mpinb.MPICluster(n=2, launcher_args=["--partition=debug"], start=False)
+    with pytest.raises(ValueError, match=r"mpi_args are mpiexec's"):
+        mpinb.MPICluster(n=2, launcher="slurm", mpi_args=["-hosts", "a"], start=False)
+    options = mpinb.MPICluster(n=2, launcher="slurm", launcher_args=["--time=5"], start=False)._path.options
+    assert (options.launcher, options.launcher_args, options.controller_ip) == ("slurm", ("--time=5",), None)
 
 
 def test_ipyparallel_arguments_pass_through_and_own_arguments_are_checked() -> None:
