@@ -7,6 +7,8 @@ so nothing here imports ``mpi4py.MPI`` at module level.
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Any
 
 __all__ = ["identity", "rank", "set_up", "with_rank"]
@@ -16,7 +18,6 @@ _SET_UP_TIMEOUT = 120.0  # seconds the engines of a fresh world wait for each ot
 
 def identity() -> dict[str, Any]:
     """This engine's MPI rank, world size, host and PID. Local."""
-    import os
     import socket
 
     from mpi4py import MPI
@@ -46,11 +47,41 @@ def set_up(started_by_mpinb: bool) -> None:
     mpinb.world(timeout=_SET_UP_TIMEOUT)
     if not started_by_mpinb:
         return
+    _close_inherited_listeners()
     if not threads_chosen():
         mpinb.limit_threads(timeout=_SET_UP_TIMEOUT)  # local now: world() exchanged the hosts
     from mpinb._quiet_tf import quiet_future_import
 
     quiet_future_import()
+
+
+def _close_inherited_listeners() -> None:
+    """Close this engine's copies of listening sockets bound to every address: Hydra's control port
+    (mpiexec and its proxies keep listening on theirs; the engine never accepts on it), inherited
+    because Hydra does not mark it close-on-exec. An engine's own sockets (ZeroMQ's, MPI's) are
+    bound to an address. Local."""
+    import socket
+
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            address = sock.getsockname()[0] if sock.family in (socket.AF_INET, socket.AF_INET6) else None
+        except OSError:
+            listening, address = 0, None
+        finally:
+            sock.detach()
+        if listening and address in ("0.0.0.0", "::"):
+            os.close(fd)
 
 
 def rank() -> int:

@@ -10,11 +10,12 @@ running, and only its engines are replaced on restart.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
 from mpinb.client._ipp import engine_uuids
-from mpinb.client._processes import descendants, end, kill, remove_files, shared_memory_of
+from mpinb.client._processes import descendants, end, kill, launcher_files_of, remove_files, shared_memory_of
 from mpinb.client._watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -34,16 +35,22 @@ class Owned:
     def __init__(self, options: LaunchOptions) -> None:
         self.options = options
         self.watchdog: Watchdog | None = None
-        self.shared_memory: set[str] = set()  # MPI's segments in /dev/shm, removed by stop()
+        self.leftovers: set[str] = set()  # what a killed world leaves (MPI's /dev/shm segments, ...)
         self.slurm: Any = None  # mpinb.client.slurm.SlurmEngines, with launcher="slurm"
 
     def start(self, mc: MPICluster) -> None:
         self.slurm = self.options.slurm_engines(mc.n)
-        mc.cluster = self.options.make_cluster(mc.n, self.slurm)
+        # The engines' own temporary folder (TensorFlow's generated code, anything else they
+        # write): removed with the cluster, however it ends.
+        tmpdir = tempfile.mkdtemp(prefix="mpinb-engines-") if self.options.on_this_machine else None
+        self.leftovers = {tmpdir} if tmpdir else set()
+        mc.cluster = self.options.make_cluster(mc.n, self.slurm, tmpdir)
         # Before any process starts: whatever happens to this process from now on, the cluster ends
         # with it (mpinb.client._watchdog).
         self.watchdog = Watchdog()
+        self.watchdog.remove_on_death(self.leftovers)
         try:
+            _private_cluster_file(mc.cluster)
             self._cancel_on_death(mc)
             mc.cluster.start_cluster_sync()
             self.watchdog.watch(_launcher_pids(mc.cluster))  # it ends their trees too
@@ -52,7 +59,11 @@ class Owned:
             self._cancel_on_death(mc)
             self.watchdog.watch(mc._local_engine_pids)
             _protect_files(mc.cluster)
-            self.shared_memory = shared_memory_of(mc._local_engine_pids)
+            # What MPI removes only when it finalizes: its shared-memory segments (in the engines'
+            # memory maps) and Hydra's topology file (held open by its proxies).
+            local = mc._local_engine_pids
+            self.leftovers |= shared_memory_of(local) | launcher_files_of(local)
+            self.watchdog.remove_on_death(self.leftovers)
         except BaseException:
             mc.stop()
             raise
@@ -69,10 +80,10 @@ class Owned:
             except Exception:  # noqa: BLE001 - already dead processes
                 pass
             end(pids, grace=_STOP_GRACE)
-            # MPI's shared-memory segments outlive engines that did not finalize (SIGKILLed above, or
-            # dead before): remove this world's, found in the engines' memory maps at start.
-            remove_files(self.shared_memory)
-            self.shared_memory = set()
+        # What outlives engines that did not finalize (SIGKILLed above, or dead before): this
+        # world's own files, found at start.
+        remove_files(self.leftovers)
+        self.leftovers = set()
         if self.watchdog is not None:
             self.watchdog.release()
             self.watchdog = None
@@ -196,6 +207,17 @@ def _engine_keys(client: Any) -> set[Any]:
         return set()
     uuids = engine_uuids(client)
     return {(eid, uuids.get(eid)) for eid in client.ids}
+
+
+def _private_cluster_file(cluster: Any) -> None:
+    """Create the cluster file owner-only before ipyparallel writes it: it opens the file with
+    ``open(path, "w")``, which keeps the mode of a file that exists, so it is never 0644."""
+    path = getattr(cluster, "cluster_file", "")
+    if not path:
+        return
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    os.chmod(path, 0o600)
 
 
 def _protect_files(cluster: Any) -> None:

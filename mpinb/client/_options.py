@@ -101,9 +101,14 @@ class LaunchOptions:
 
         return SlurmEngines(n, self.launcher_args, {"PYTHONUNBUFFERED": "1", **self.env}, self.threads_per_rank)
 
-    def make_cluster(self, n: int, slurm: Any = None) -> Any:
+    @property
+    def on_this_machine(self) -> bool:
+        """Whether every engine runs here: ``mpiexec`` without a host list. Local."""
+        return self.launcher == "mpiexec" and not any(arg.lstrip("-") in _HOST_OPTIONS for arg in self.mpi_args)
+
+    def make_cluster(self, n: int, slurm: Any = None, tmpdir: str | None = None) -> Any:
         """The ``ipyparallel.Cluster`` (not started) for ``n`` MPI engines under these options, as
-        the Slurm job or step ``slurm`` when one is given. Client."""
+        the Slurm job or step ``slurm`` when one is given; ``tmpdir`` is the engines' ``TMPDIR``. Client."""
         import ipyparallel as ipp
 
         from mpinb.client.launch import find_mpiexec, mpi_env
@@ -111,6 +116,7 @@ class LaunchOptions:
         # Only a budget the user gave goes into the environment: "auto" is decided on each engine,
         # which knows its host (mpinb._engine.set_up).
         engine_env = {**mpi_env(n, threads_per_rank=self.threads_per_rank, base={}), "PYTHONUNBUFFERED": "1",
+                      **(_LOOPBACK if self.on_this_machine else {}), **({"TMPDIR": tmpdir} if tmpdir else {}),
                       **self.env}
         engines, launch, controller_ip = "mpi", {
             "MPILauncher": {"mpi_cmd": [find_mpiexec()], "mpi_args": list(self.mpi_args)},
@@ -120,6 +126,14 @@ class LaunchOptions:
             (engines, launch), controller_ip = slurm.settings(), slurm.controller_ip(self.controller_ip)
         return ipp.Cluster(engines=engines, n=n, controller_ip=controller_ip, log_level=self.log_level,
                            config=_config(launch, self.config), **self.cluster_kwargs)
+
+
+# mpiexec's options that put ranks on other hosts.
+_HOST_OPTIONS = frozenset({"f", "hostfile", "machinefile", "host", "hosts", "hostlist"})
+# When every rank runs on this machine, MPI's network transports stay on loopback: UCX (the mpich
+# wheel's) and libfabric's TCP provider (conda-forge's MPICH) would otherwise listen on every
+# address the machine has. (Hydra's own control port ignores these: it binds every address.)
+_LOOPBACK = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}
 
 
 def _config(base: dict[str, Any], extra: Any) -> Any:

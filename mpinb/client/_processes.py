@@ -118,10 +118,33 @@ def shared_memory_of(pids: Iterable[int]) -> set[str]:
     return found
 
 
+def launcher_files_of(pids: Iterable[int]) -> set[str]:
+    """The temporary files the MPI launcher's proxies (the parents of ``pids``) hold open:
+    Hydra's ``/tmp/hydra_hwloc_xmlfile_*``, which it removes only when it exits cleanly."""
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+            folder = f"/proc/{parent}/fd"
+            for fd in os.listdir(folder):
+                target = os.readlink(f"{folder}/{fd}")
+                if os.path.basename(target).startswith("hydra_hwloc_xmlfile_"):
+                    found.add(target)
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 def remove_files(paths: Iterable[str]) -> None:
-    """Unlink each of ``paths`` that still exists."""
+    """Remove each of ``paths`` that still exists (a folder with what it holds)."""
+    import shutil
+
     for path in paths:
         try:
-            os.unlink(path)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
         except OSError:
             pass

@@ -6,8 +6,9 @@ write end is in the owner; it reads the PIDs to watch from it (the controller, `
 engines, again after a restart). When the owner says ``stop`` (a clean :meth:`MPICluster.stop`),
 the watchdog just exits. When the pipe ends without ``stop``, or the owner's PID is gone (a forked
 child of the owner could keep the pipe open), the owner has died: the watchdog sends SIGTERM to
-every watched process and its descendants, SIGKILL two seconds later to what is left, runs the
-commands it was given for that case (``scancel`` of a Slurm job whose engines run on other nodes,
+every watched process and its descendants, SIGKILL two seconds later to what is left, removes
+the files those processes leave when killed (MPI's shared memory, the launcher's and engines'
+temporary files), runs the commands it was given for that case (``scancel`` of a Slurm job whose engines run on other nodes,
 where no PID of this machine reaches them), and exits. It runs in its own session, so a signal to
 the kernel's process group does not reach it.
 """
@@ -54,6 +55,13 @@ class Watchdog:
         if command and self._write is not None:
             os.write(self._write, f"run {json.dumps(command)}\n".encode())
 
+    def remove_on_death(self, paths: Iterable[str]) -> None:
+        """Files and folders the cluster leaves when its processes are killed (MPI's shared memory,
+        the launcher's and the engines' temporary files): removed after the processes end."""
+        paths = [p for p in paths if p]
+        if paths and self._write is not None:
+            os.write(self._write, f"remove {json.dumps(paths)}\n".encode())
+
     def release(self) -> None:
         """The owner stopped the cluster itself: the watchdog exits without touching anything."""
         if self._write is None:
@@ -86,9 +94,10 @@ def _owner_alive(pid: int) -> bool:
 
 
 def main(owner: int) -> None:
-    from mpinb.client._processes import descendants, end
+    from mpinb.client._processes import descendants, end, remove_files
 
     watched: set[int] = set()
+    leftovers: set[str] = set()
     command: list[str] = []
     buffered = b""
     while True:
@@ -107,6 +116,8 @@ def main(owner: int) -> None:
                     watched.update(int(w) for w in words[1:])
                 if words[:1] == ["run"]:
                     command = json.loads(line.decode().split(" ", 1)[1])
+                if words[:1] == ["remove"]:
+                    leftovers.update(json.loads(line.decode().split(" ", 1)[1]))
         elif not _owner_alive(owner):
             break
     trees = set(watched)
@@ -114,6 +125,7 @@ def main(owner: int) -> None:
         trees.update(descendants(pid))
     trees.discard(os.getpid())
     end(sorted(trees), grace=_GRACE, terminate=True)
+    remove_files(sorted(leftovers))
     if command:
         try:
             subprocess.run(command, check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -59,6 +59,46 @@ def test_controller_listens_on_loopback_only(cluster2) -> None:
                 assert conn.laddr.ip == "127.0.0.1", f"controller listens on {conn.laddr}"
 
 
+def test_a_one_machine_cluster_listens_on_loopback_and_keeps_its_files_private(cluster2) -> None:
+    engines = [psutil.Process(pid) for pid in cluster2._engine_pids]
+    for proc in engines:
+        listening = [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        assert listening and all(addr.ip in ("127.0.0.1", "::1") for addr in listening), (proc.pid, listening)
+    # mpiexec and its proxy keep Hydra's control port on every address (Hydra has no option to bind
+    # it to one); the engines no longer hold a copy of it.
+    security = Path(cluster2.cluster.profile_dir) / "security"
+    assert security.stat().st_mode & 0o777 == 0o700
+    assert {p.name: p.stat().st_mode & 0o777 for p in security.iterdir()} == dict.fromkeys(
+        (p.name for p in security.iterdir()), 0o600)
+    # TensorFlow's generated code and any other temporary file of the engines stay in their folder.
+    cluster2.view.execute("import tempfile; tmp = tempfile.gettempdir()")
+    (tmp,) = set(cluster2.pull("tmp"))
+    assert os.path.basename(tmp).startswith("mpinb-engines-") and tmp in cluster2._path.leftovers
+
+
+def test_stop_and_restart_leave_no_file_behind() -> None:
+    cluster = mpinb.MPICluster(n=2)
+    try:
+        first = set(cluster._path.leftovers)
+        # MPI's shared-memory segments, Hydra's topology file and the engines' temporary folder.
+        assert {os.path.dirname(p) for p in first} >= {"/dev/shm", "/tmp"} and len(first) >= 3, first
+        cluster.restart()
+        second = set(cluster._path.leftovers)
+        assert not [p for p in first if os.path.exists(p)], "restart() left the old world's files"
+        kinds = ("mpich_shm_", "hydra_hwloc_xmlfile_", "mpinb-engines-")  # (UCX unlinks its own segments early)
+        assert all(any(k in p and os.path.exists(p) for p in second) for k in kinds), second
+    finally:
+        cluster.stop()
+    assert not [p for p in second if os.path.exists(p)], "stop() left files behind"
+
+
+def test_a_start_prints_nothing() -> None:
+    code = "import mpinb; c = mpinb.MPICluster(n=2); c.restart(); c.stop()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == "" and proc.stderr == "", (proc.stdout[-1000:], proc.stderr[-2000:])
+
+
 def test_stuck_rank_is_named_and_restart_recovers(cluster2) -> None:
     assert cluster2.healthy(timeout=5).ok
     # Rank 1 waits in a barrier that rank 0 never enters: the classic hang.

@@ -18,7 +18,8 @@ OWNER = """
 import json, time
 from mpinb.client.cluster import MPICluster
 cluster = MPICluster(n=2)
-print(json.dumps({"cluster": cluster._tracked_pids(), "watchdog": cluster._watchdog.process.pid}), flush=True)
+print(json.dumps({"cluster": cluster._tracked_pids(), "watchdog": cluster._watchdog.process.pid,
+                  "leftovers": sorted(cluster._path.leftovers)}), flush=True)
 time.sleep(600)
 """
 
@@ -52,6 +53,13 @@ def test_a_cluster_ends_within_10_s_of_its_owner_being_killed(tmp_path):
             time.sleep(0.1)
         alive = [p for p in left if not gone(p)]
         assert not alive, f"still running 10 s after the owner's SIGKILL: {alive}"
+        # What the killed world left (MPI's shared memory, Hydra's topology file, the engines'
+        # temporary folder): the watchdog removed it too.
+        leftovers = info["leftovers"]
+        assert any(p.startswith("/dev/shm/mpich_shm_") for p in leftovers), leftovers
+        assert any("hydra_hwloc_xmlfile_" in p for p in leftovers), leftovers
+        assert any(os.path.basename(p).startswith("mpinb-engines-") for p in leftovers), leftovers
+        assert not [p for p in leftovers if os.path.exists(p)]
     finally:
         if owner.poll() is None:
             owner.kill()
