@@ -67,9 +67,7 @@ def sum_over_ranks(bufs: list[np.ndarray], layout: Any, comm: Any, name: str) ->
     set, so a rank that does not come is named in a :class:`~mpinb.CollectiveTimeout` instead of a
     hang.
     """
-    with _collective.collective(comm, name, layout, what=f"{name}'s buffer layout") as call:
-        call.allreduce(bufs, "sum")
-    return call.waited
+    return _collective.reduce_in_place(bufs, "sum", comm=comm, name=name).waited
 
 
 def bcast_arrays(values: Sequence[np.ndarray], *, root: int, comm: Any) -> list[np.ndarray]:
