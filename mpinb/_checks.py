@@ -1,21 +1,25 @@
-"""Argument checks every module shares: one rule for an integer, a real number and the default
-communicator.
+"""Argument checks every module shares: one rule for an integer and for the default communicator
+(estimators declare the rest of their parameters in :mod:`mpinb._constraints`).
 
 Local and deterministic, so a bad argument fails the same way on every rank, before any message.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any
 
-__all__ = ["check_int", "check_real", "default_comm", "is_int"]
+__all__ = ["check_int", "default_comm", "integer_bound", "is_int"]
 
 
 def is_int(value: Any) -> bool:
     """An integer argument (Python or NumPy), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def integer_bound(minimum: int | None) -> str:
+    """How a message names the integers from ``minimum`` on: "a positive integer", ..."""
+    return _BOUNDS.get(minimum, f"an integer >= {minimum}")
 
 
 _BOUNDS = {None: "an integer", 0: "a non-negative integer", 1: "a positive integer"}
@@ -28,32 +32,13 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, unit: str = 
     say what was expected, e.g. "every must be a positive integer number of epochs; got 0.";
     ``alternative`` names what else the argument accepts ("'auto'").
     """
-    bound = _BOUNDS.get(minimum, f"an integer >= {minimum}")
+    bound = integer_bound(minimum)
     message = f"{name} must be {alternative + ' or ' if alternative else ''}{bound}{' ' + unit if unit else ''}; got {value!r}."
     if not is_int(value):
         raise TypeError(message)
     if minimum is not None and value < minimum:
         raise ValueError(message)
     return int(value)
-
-
-def check_real(value: Any, name: str, *, minimum: float = -math.inf, below: float = math.inf,
-               message: str | None = None) -> float:
-    """``value`` as a finite ``float`` with ``minimum <= value < below``, or an error naming it.
-
-    Not a real number (bools are not) is a ``TypeError``; NaN, infinity or out of range a
-    ``ValueError``. ``message`` replaces the default text ("tol must be a finite number >= 0; got
-    -1.").
-    """
-    if message is None:
-        bounds = [f">= {minimum:g}"] if minimum > -math.inf else []
-        bounds += [f"< {below:g}"] if below < math.inf else []
-        message = f"{name} must be a finite number{' ' + ' and '.join(bounds) if bounds else ''}; got {value!r}."
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise TypeError(message)
-    if not (math.isfinite(value) and minimum <= value < below):
-        raise ValueError(message)
-    return float(value)
 
 
 def default_comm(comm: Any) -> Any:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinb._checks import _BOUNDS, is_int
+from mpinb._checks import integer_bound, is_int
 
 __all__ = [
     "NOT_MINE", "Accepts", "Callables", "Exactly", "Flag", "Instance", "Integer", "Invalid", "Options",
@@ -56,7 +56,7 @@ class Integer(Rule):
 
     def __init__(self, minimum: int | None = None, *, unit: str = "") -> None:
         self.minimum = minimum
-        self.description = _BOUNDS.get(minimum, f"an integer >= {minimum}") + (f" {unit}" if unit else "")
+        self.description = integer_bound(minimum) + (f" {unit}" if unit else "")
 
     def take(self, value: Any) -> Any:
         if not is_int(value):

@@ -84,16 +84,3 @@ class CollectiveAbandoned(RuntimeError):
                  rank: int | None = None) -> None:
         super().__init__(message)
         self.operation, self.by, self.reason, self.rank = operation, by, reason, rank
-
-
-def __getattr__(name: str) -> object:
-    # Until every module imports them from their own homes (agreement, _checks, _digest).
-    from mpinb import _checks, _digest, agreement
-    from mpinb._collective import exceptions
-
-    moved = {"check_all": agreement.check_all, "check_same": agreement.check_same,
-             "raise_together": agreement.raise_together, "_record": exceptions.record, "_check_int": _checks.check_int, "_is_int": _checks.is_int,
-             "_resolve": _checks.default_comm, "_digest": _digest.digest}
-    if name in moved:
-        return moved[name]
-    raise AttributeError(f"module 'mpinb.errors' has no attribute {name!r}")
