@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # for ``import mpitools``
 
 _COUNTS: Counter[str] = Counter()
 

@@ -161,12 +161,11 @@ def run_mpi_tier(n: int, env: dict[str, str], extra: list[str]) -> int:
 
 def tier_unavailable(tier: str) -> str | None:
     """Why the multihost or slurm tier cannot run here (not root, no namespaces, no Slurm), or None."""
+    import importlib
+
+    # tests/ is this script's folder, first on the path: the support package is importable as is.
     module = {"multihost": "netsim", "slurm": "slurmsim"}[tier]
-    sys.path[:0] = [str(ROOT / "tests" / "multihost"), str(ROOT / "tests" / tier)]
-    try:
-        return __import__(module).unavailable_reason()
-    finally:
-        del sys.path[:2]
+    return importlib.import_module(f"support.{module}").unavailable_reason()
 
 
 def run(cmd: list[str], env: dict[str, str], timeout: float) -> int:

@@ -52,8 +52,13 @@ class Owned:
         try:
             _private_cluster_file(mc.cluster)
             self._cancel_on_death(mc)
-            mc.cluster.start_cluster_sync()
-            self.watchdog.watch(_launcher_pids(mc.cluster))  # it ends their trees too
+            # Each launcher is watched as soon as it runs (the watchdog ends their trees too): an owner
+            # killed while the engines start leaves no controller behind.
+            mc.cluster.start_controller_sync()
+            self.watchdog.watch(_launcher_pids(mc.cluster))
+            time.sleep(mc.cluster.delay)  # as ipyparallel's start_cluster does
+            mc.cluster.start_engines_sync()
+            self.watchdog.watch(_launcher_pids(mc.cluster))
             mc.client = mc.cluster.connect_client_sync()
             mc._identify(wait_for_new_engines(mc, set()))
             self._cancel_on_death(mc)

@@ -18,6 +18,7 @@ OWNER = """
 import json, time
 from mpinb.client.cluster import MPICluster
 cluster = MPICluster(n=2)
+cluster.restart()
 print(json.dumps({"cluster": cluster._tracked_pids(), "watchdog": cluster._watchdog.process.pid,
                   "leftovers": sorted(cluster._path.leftovers)}), flush=True)
 time.sleep(600)
@@ -31,7 +32,7 @@ def gone(pid: int) -> bool:
         return True
 
 
-def test_a_cluster_ends_within_10_s_of_its_owner_being_killed(tmp_path):
+def test_a_cluster_ends_within_10_s_of_its_owner_being_killed_and_leaves_no_file(tmp_path):
     log = open(tmp_path / "owner.log", "w")
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, stderr=log, text=True)
     try:
@@ -60,6 +61,8 @@ def test_a_cluster_ends_within_10_s_of_its_owner_being_killed(tmp_path):
         assert any("hydra_hwloc_xmlfile_" in p for p in leftovers), leftovers
         assert any(os.path.basename(p).startswith("mpinb-engines-") for p in leftovers), leftovers
         assert not [p for p in leftovers if os.path.exists(p)]
+        # Starting and restarting printed nothing (it once printed runpy's warning about the watchdog).
+        assert (tmp_path / "owner.log").read_text() == ""
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from mpi4py import MPI
-from mpitools import pytest_runtest_logreport, pytest_sessionstart  # noqa: F401 - shared rank-aware reporting
+from support.mpitools import pytest_runtest_logreport, pytest_sessionstart  # noqa: F401 - shared rank-aware reporting
 
 COMM = MPI.COMM_WORLD
 

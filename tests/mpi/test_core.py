@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 from mpi4py import MPI
-from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
+from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
 
@@ -114,7 +114,7 @@ def test_allreduce_reuses_its_wire_buffers_once_results_are_dropped(any_comm) ->
 
 
 def test_allreduce_uses_one_buffer_collective_per_dtype(comm) -> None:
-    from counting import CountingComm
+    from support.counting import CountingComm
 
     base = comm.Dup()
     counted = CountingComm(base)

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 from mpi4py import MPI
-from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
+from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
 from mpinb import data

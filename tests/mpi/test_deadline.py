@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 from mpi4py import MPI
-from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
+from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
 from mpinb import deadline

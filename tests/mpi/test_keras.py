@@ -11,9 +11,9 @@ import tempfile
 
 import numpy as np
 import pytest
-from keras_reference import relative_error, sharded_reference, weights_of
+from support.keras_reference import relative_error, sharded_reference, weights_of
 from mpi4py import MPI
-from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
+from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
 
@@ -443,7 +443,7 @@ def test_a_rank_stuck_mid_training_is_named_by_the_collective_deadline(digits, s
 
 
 def test_fit_and_evaluate_communicate_only_through_the_layer(digits):
-    from counting import CountingComm
+    from support.counting import CountingComm
 
     X, y = digits
     Xl, yl = mpinb.shard(X, y)

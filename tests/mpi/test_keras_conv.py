@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from keras_reference import relative_error, sharded_order, sharded_reference, weights_of
+from support.keras_reference import relative_error, sharded_order, sharded_reference, weights_of
 from mpi4py import MPI
-from mpitools import assert_everywhere, assert_same_everywhere
+from support.mpitools import assert_everywhere, assert_same_everywhere
 
 import mpinb
 

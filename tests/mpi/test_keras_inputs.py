@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
-from mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
+from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
 
@@ -143,7 +143,7 @@ def test_arguments_a_pipeline_does_not_take(shard, kwargs, match):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_accumulating_n_steps_equals_one_step_on_an_n_times_larger_batch(shard, n, monkeypatch):
-    from counting import count_calls
+    from support.counting import count_calls
 
     from mpinb._training import exchange
 

@@ -8,11 +8,11 @@ import warnings
 from collections import Counter
 from typing import Any
 
-import kmeans_cases
+from support import kmeans_cases
 import numpy as np
 import pytest
 from mpi4py import MPI
-from mpitools import (
+from support.mpitools import (
     assert_everywhere,
     assert_interrupt_stops_together,
     assert_same_everywhere,
@@ -365,7 +365,7 @@ def test_interrupt_stops_every_rank_at_the_same_iteration(how):
 
 
 def test_one_allreduce_per_iteration():
-    from counting import CountingComm
+    from support.counting import CountingComm
 
     X = hard_data()
     calls = {}

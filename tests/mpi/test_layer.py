@@ -7,9 +7,9 @@ import tempfile
 
 import numpy as np
 import pytest
-from counting import CountingComm
+from support.counting import CountingComm
 from mpi4py import MPI
-from mpitools import assert_everywhere, assert_same_everywhere
+from support.mpitools import assert_everywhere, assert_same_everywhere
 
 import mpinb
 from mpinb.data import load_digits, load_npy, make_blobs

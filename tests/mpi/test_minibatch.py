@@ -9,11 +9,11 @@ import io
 from collections import Counter
 from typing import Any
 
-import kmeans_cases
+from support import kmeans_cases
 import numpy as np
 import pytest
 from mpi4py import MPI
-from mpitools import (
+from support.mpitools import (
     assert_everywhere,
     assert_interrupt_stops_together,
     assert_same_everywhere,
@@ -266,7 +266,7 @@ def test_interrupt_stops_every_rank_at_the_same_mini_batch(how):
 
 
 def test_one_allreduce_per_mini_batch():
-    from counting import CountingComm
+    from support.counting import CountingComm
 
     X = blobs(400)
     batch = 100

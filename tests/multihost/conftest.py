@@ -8,14 +8,12 @@ test here is skipped for one stated reason; ``tests/run.py`` then prints that re
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # for ``import netsim``
 
-import netsim
+from support import netsim
 
 # tests/multihost/ranks/ runs under mpiexec on the simulated hosts (test_multihost.py starts it);
 # collected here, its conftest would import mpi4py.MPI into this client process.

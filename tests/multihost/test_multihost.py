@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import netsim
+from support import netsim
 import numpy as np
 import pytest
-from netsim import TCP, YIELD
+from support.netsim import TCP, YIELD
 
 HERE = Path(__file__).parent
 RANKS_TESTS = HERE / "ranks" / "test_across_hosts.py"
@@ -225,13 +225,14 @@ def test_a_killed_owner_leaves_nothing_behind():
     """SIGKILL the process that built the hosts and started a rank-like process on one (no finalizer
     runs, as when pytest-timeout ends pytest): the holders end that process, and the kernel the rest."""
     code = (
-        "import os, subprocess, sys, time; sys.path.insert(0, sys.argv[1]); import netsim;"
+        "import os, subprocess, sys, time; from support import netsim;"
         "s = netsim.SimulatedHosts(2).start();"
         "p = subprocess.Popen([s.launcher, '-x', 'host2', 'exec sleep 600'], env={**os.environ, **s.env()},"
         "                     start_new_session=True);"
         "time.sleep(0.5); print(s.tag, s.uplink, p.pid, *(h.pid for h in s.hosts), flush=True); time.sleep(600)"
     )
-    owner = subprocess.Popen([sys.executable, "-c", code, str(HERE)], stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(HERE.parent)})  # tests/, for the support package
     tag = ""
     try:
         tag, uplink, stray, *holders = owner.stdout.readline().split()

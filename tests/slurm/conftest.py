@@ -6,16 +6,14 @@ test here skips with one reason, which ``tests/run.py`` prints in one line.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # for ``import slurmsim``
 
-import slurmsim  # noqa: E402  (first: it puts tests/multihost on the path, for netsim)
+from support import slurmsim  # noqa: E402
 
-import netsim  # noqa: E402
+from support import netsim  # noqa: E402
 
 NODES = 3
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from netsim import TCP, YIELD
+from support.netsim import TCP, YIELD
 
 ENGINE_ENV = {**TCP["ucx"], **YIELD}
 KMEANS = (
@@ -119,7 +119,7 @@ def test_srun_step_inside_an_allocation(slurm, monkeypatch):
 
 OWNER = """
 import sys, time, mpinb
-from netsim import TCP, YIELD
+from support.netsim import TCP, YIELD
 cluster = mpinb.MPICluster(2, launcher="slurm", env={**TCP["ucx"], **YIELD}, threads_per_rank=1, timeout=90)
 print("JOB", cluster._path.slurm.job, flush=True)
 time.sleep(600)

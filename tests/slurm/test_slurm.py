@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from netsim import TCP, YIELD
+from support.netsim import TCP, YIELD
 
 RANKS_TESTS = Path(__file__).resolve().parent.parent / "multihost" / "ranks" / "test_across_hosts.py"
 

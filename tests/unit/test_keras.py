@@ -16,7 +16,7 @@ mk = pytest.importorskip("mpinb.keras")
 
 from mpi4py import MPI  # noqa: E402
 
-from counting import count_calls  # noqa: E402
+from support.counting import count_calls  # noqa: E402
 
 from mpinb._training import exchange  # noqa: E402
 

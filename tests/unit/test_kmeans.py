@@ -7,7 +7,7 @@ import pickle
 import tracemalloc
 import warnings
 
-import kmeans_cases
+from support import kmeans_cases
 import numpy as np
 import pytest
 from mpi4py import MPI

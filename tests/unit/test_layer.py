@@ -12,8 +12,7 @@ import pytest
 
 import mpinb
 
-sys.path.insert(0, str(Path(__file__).parent.parent))
-from counting import CountingComm, is_communication  # noqa: E402
+from support.counting import CountingComm, is_communication  # noqa: E402
 
 PACKAGE = Path(mpinb.__file__).parent
 

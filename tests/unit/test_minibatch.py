@@ -10,10 +10,10 @@ import pickle
 import re
 import signal
 
-import kmeans_cases
+from support import kmeans_cases
 import numpy as np
 import pytest
-from counting import CountingComm
+from support.counting import CountingComm
 from mpi4py import MPI
 from sklearn.base import clone
 from sklearn.cluster import MiniBatchKMeans as SkMiniBatchKMeans

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from counting import count_calls
+from support.counting import count_calls
 
 from mpinb import _layout
 from mpinb._training import packing

@@ -1,6 +1,6 @@
 """A real Slurm for the slurm tier: munged, slurmctld and one slurmd per simulated host.
 
-The hosts are the multihost tier's (tests/multihost/netsim.py): each ``slurmd -N hostX`` runs inside
+The hosts are the multihost tier's (tests/support/netsim.py): each ``slurmd -N hostX`` runs inside
 host X's network and UTS namespaces, so every node has its own hostname and address on the private
 bridge, and slurmctld (like the notebook) runs in the root namespace at the bridge's gateway
 address. Debian's Slurm 22.05 is built with MULTIPLE_SLURMD, so the daemons share this machine's
@@ -18,14 +18,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "multihost"))  # for ``import netsim``
-
-import netsim  # noqa: E402
+from support import netsim  # noqa: E402
 
 __all__ = ["DAEMON_PIDS", "SlurmCluster", "unavailable_reason"]
 
