@@ -1,4 +1,5 @@
-"""The core collectives under mpiexec: correct reduced values, and every error raised on every rank."""
+"""The core collectives under mpiexec (world, allreduce, bcast, gather_rows, on_root, rprint,
+limit_threads): correct values, and every error raised on every rank."""
 
 from __future__ import annotations
 
@@ -214,36 +215,6 @@ def test_gather_rows_width_mismatch_raises_everywhere(comm) -> None:
         mpinb.gather_rows(local, comm=comm)
 
 
-def test_check_all_names_failing_ranks(comm) -> None:
-    mpinb.check_all(True, "never shown", comm=comm)
-    bad = SIZE - 1
-    with raises_everywhere(RuntimeError, match=rf"shard is empty \[on {'the only rank' if SIZE == 1 else f'rank {bad} of {SIZE}'}\]"):
-        mpinb.check_all(RANK != bad, "shard is empty", comm=comm, exc=RuntimeError)
-
-
-def test_check_all_combines_different_messages(comm) -> None:
-    with raises_everywhere(ValueError) as info:
-        mpinb.check_all(False, f"rank-specific detail {RANK}", comm=comm)
-    if SIZE > 1:
-        assert "rank 0: rank-specific detail 0; rank 1: rank-specific detail 1" in str(info.value)
-
-
-@pytest.mark.mpi_sizes(2, 3, 4)
-def test_check_same_detects_hyperparameter_mismatch(comm) -> None:
-    mpinb.check_same({"k": 5}, "n_clusters", comm=comm)
-    with raises_everywhere(mpinb.CollectiveMismatchError, match=r"n_clusters must be the same on every rank.*rank 1: 6"):
-        mpinb.check_same(6 if RANK == 1 else 5, "n_clusters", comm=comm)
-
-
-def test_raise_together_spreads_the_first_failure(comm) -> None:
-    with raises_everywhere(KeyError, match="missing column"):
-        with mpinb.raise_together(comm=comm):
-            if RANK == SIZE - 1:
-                raise KeyError("missing column")
-    with mpinb.raise_together(comm=comm):
-        pass  # nothing raised anywhere: nothing raised
-
-
 def test_on_root_returns_everywhere(any_comm) -> None:
     got = mpinb.on_root(lambda a, b=0: np.arange(a) + b, 4, b=any_comm.Get_size(), comm=any_comm)
     np.testing.assert_array_equal(got, np.arange(4) + any_comm.Get_size())
@@ -287,21 +258,6 @@ def test_limit_threads_shares_the_node(comm) -> None:
     assert os.environ["OMP_NUM_THREADS"] == str(n)
     assert all(pool["num_threads"] <= n for pool in threadpool_info())
     assert mpinb.limit_threads(1, comm=comm) == 1
-
-
-def test_shard_gives_each_rank_its_slice(any_comm) -> None:
-    X = np.arange(22).reshape(11, 2)
-    y = np.arange(11)
-    Xs, ys = mpinb.shard(X, y, comm=any_comm)
-    lo, hi = mpinb.shard_bounds(11, rank=any_comm.Get_rank(), size=any_comm.Get_size())
-    np.testing.assert_array_equal(Xs, X[lo:hi])
-    np.testing.assert_array_equal(mpinb.gather_rows(ys, root=None, comm=any_comm), y)
-
-
-@pytest.mark.mpi_sizes(2, 3, 4)
-def test_shard_length_mismatch_across_ranks_raises_everywhere(comm) -> None:
-    with raises_everywhere(mpinb.CollectiveMismatchError, match="length of the arrays passed to shard"):
-        mpinb.shard(np.zeros(10 + (RANK == 0)), comm=comm)
 
 
 @pytest.mark.mpi_sizes(2, 3, 4)
