@@ -11,7 +11,7 @@ from typing import Any
 
 from mpinb._engine import rank as _rank_here
 from mpinb.client._ipp import ENGINE_EXIT, NANNY_SAW_EXIT, engine_deaths
-from mpinb._words import rank_ranges
+from mpinb._words import ranks as _ranks
 
 __all__ = ["Health", "ask_every_engine", "deaths"]
 
@@ -105,6 +105,3 @@ def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int]) -> str 
         return None
     return "; ".join(found) + "; MPI ended the other ranks with it: cluster.restart() starts a fresh set of engines."
 
-
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)

@@ -153,7 +153,8 @@ def engine_uuids(client: Any) -> dict[int, Any]:
 
 def _require_engines(view: Any) -> None:
     """Refuse a cell for engines that are gone, naming their ranks and the way out."""
-    from mpinb.client._tracebacks import rank_of_engine, rank_ranges
+    from mpinb._words import ranks as ranks_text
+    from mpinb.client._tracebacks import rank_of_engine
 
     targets = view.targets if isinstance(view.targets, list) else [view.targets]
     try:
@@ -164,7 +165,7 @@ def _require_engines(view: Any) -> None:
     if gone:
         ranks = sorted(rank_of_engine(t) for t in gone)
         raise RuntimeError(
-            f"the engines of {'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)} are gone (an engine "
+            f"the engines of {ranks_text(ranks)} are gone (an engine "
             "died, and MPI ended its world): the cluster needs cluster.restart() before the next %%px cell."
         )
 

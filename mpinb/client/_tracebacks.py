@@ -13,7 +13,7 @@ from typing import Any
 
 from mpinb._words import rank_ranges
 
-__all__ = ["by_rank", "rank_of_engine", "rank_ranges", "remember_ranks", "render"]
+__all__ = ["by_rank", "rank_of_engine", "remember_ranks", "render"]
 
 _rank_of_engine: dict[int, int] = {}
 

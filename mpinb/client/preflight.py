@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpinb.client._processes import finish
-from mpinb.client._tracebacks import rank_ranges
+from mpinb._words import ranks as ranks_text
 
 __all__ = [
     "Finding",
@@ -370,7 +370,7 @@ def _mpi_finding(subject: str, n: int, out: str, code: int | None, seconds: floa
     by_host: dict[str, list[int]] = {}
     for rank in sorted(placed):
         by_host.setdefault(placed[rank], []).append(rank)
-    where = ", ".join(f"{host}: rank{'s' if len(r) > 1 else ''} {rank_ranges(r, sep=',')}" for host, r in by_host.items())
+    where = ", ".join(f"{host}: {ranks_text(r, sep=',')}" for host, r in by_host.items())
     return Finding(subject, True, f"one world of {n} ({where}); allreduce and rank-ordered gather correct; "
                    f"{seconds:.1f} s.")
 

@@ -35,8 +35,3 @@ def test_different_errors_stay_separate():
     lines = err._render_traceback_()
     headers = [line for line in lines if " on rank" in line]
     assert headers == ["ValueError on ranks 0-1, 3 (3 of 4 errors, the same):", "KeyError on rank 2:"]
-
-
-@pytest.mark.parametrize("ranks, text", [([0, 1, 2, 5, 7, 8], "0-2, 5, 7-8"), ([4], "4"), ([3, 1], "1, 3")])
-def test_rank_ranges(ranks, text):
-    assert _tracebacks.rank_ranges(ranks) == text
