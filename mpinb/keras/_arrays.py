@@ -12,7 +12,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from mpinb._training.plan import BatchPlan, epoch_batches
+from mpinb._training.plan import BatchPlan, epoch_rows
 
 __all__ = ["as_arrays", "check_finite_inputs", "check_xy", "dataset", "dummy_row", "length", "take"]
 
@@ -60,22 +60,24 @@ def check_finite_inputs(x: Any, y: Any) -> None:
 
 def dataset(x: Any, y: Any, n_local: int, plan: BatchPlan, first_epoch: int, epochs: int, seed: int, rank: int,
             shuffle: bool) -> Any:
-    """A tf.data pipeline yielding exactly ``plan.steps`` batches per epoch, each epoch's order drawn
-    by :func:`~mpinb._training.plan.epoch_batches` (so it is NumPy-defined and reproducible),
-    gathered from tensors in memory."""
+    """A tf.data pipeline yielding exactly ``plan.steps`` batches per epoch, this rank's local batch
+    of each step (of any size, 0 included), each epoch's order drawn by
+    :func:`~mpinb._training.plan.epoch_rows` (so it is NumPy-defined and reproducible), gathered
+    from tensors in memory."""
     import tensorflow as tf
 
-    steps, per_rank = plan.steps, plan.per_rank
+    sizes = plan.local_sizes(rank)
+    used = int(sizes.sum())
     xt = keras.tree.map_structure(tf.convert_to_tensor, as_arrays(x))
     yt = keras.tree.map_structure(tf.convert_to_tensor, as_arrays(y))
+    lengths = tf.constant(sizes, dtype=tf.int64)
 
     def order(epoch: np.ndarray) -> np.ndarray:
-        return epoch_batches(n_local, per_rank_batch=per_rank, steps=steps, epoch=int(epoch), seed=seed,
-                             rank=rank, shuffle=shuffle)
+        return epoch_rows(n_local, used, epoch=int(epoch), seed=seed, rank=rank, shuffle=shuffle)
 
     def epoch_indices(epoch: Any) -> Any:
-        idx = tf.numpy_function(order, [epoch], tf.int64, stateful=False)
-        return tf.data.Dataset.from_tensor_slices(tf.ensure_shape(idx, (steps, per_rank)))
+        idx = tf.ensure_shape(tf.numpy_function(order, [epoch], tf.int64, stateful=False), (used,))
+        return tf.data.Dataset.from_tensor_slices(tf.RaggedTensor.from_row_lengths(idx, lengths))
 
     def gather(idx: Any) -> Any:
         return (keras.tree.map_structure(lambda t: tf.gather(t, idx), xt),
