@@ -10,9 +10,8 @@ import numpy as np
 
 from mpinb._training.averaging import ArrayAverager
 from mpinb.comm import gather_rows
-from mpinb.keras._arrays import length
 from mpinb.keras.callbacks import MetricAverage
-from mpinb.keras.evaluation import global_evaluate
+from mpinb.keras.evaluation import Scored, global_evaluate
 from mpinb.keras.optimizer import TensorExchange
 from mpinb.live import Progress
 
@@ -24,7 +23,7 @@ class FitLoop(keras.callbacks.Callback):
     through ``recorder`` (after SyncNonTrainable and MetricAverage), exact validation, the history
     dict and live progress."""
 
-    def __init__(self, *, comm: Any, strategy: str, average_every: int, validation_data: Any, eval_batch: int,
+    def __init__(self, *, comm: Any, strategy: str, average_every: int, validation: Scored | None, eval_batch: int,
                  epochs: int, metrics: MetricAverage, exchange: TensorExchange | None) -> None:
         super().__init__()
         self.exchange = exchange
@@ -37,7 +36,7 @@ class FitLoop(keras.callbacks.Callback):
         self.comm = comm
         self.strategy = strategy
         self.average_every = average_every
-        self.validation_data = validation_data
+        self.validation = validation
         self.eval_batch = eval_batch
         self.history: dict[str, Any] = {"epoch": [], "steps": [], "rank_loss": [], "compute_seconds": [],
                                         "comm_seconds": [], "wait_seconds": [], "rows_used": []}
@@ -83,9 +82,8 @@ class FitLoop(keras.callbacks.Callback):
     def _record(self, epoch: int, logs: dict | None) -> None:
         """After SyncNonTrainable and MetricAverage: exact validation, the history, live progress."""
         logs = logs if logs is not None else {}
-        if self.validation_data is not None:
-            xv, yv = self.validation_data
-            scores = global_evaluate(self.model, xv, yv, length(xv), self.eval_batch, self.comm)
+        if self.validation is not None:
+            scores = global_evaluate(self.model, self.validation, self.eval_batch, self.comm)
             logs.update({f"val_{k}": v for k, v in scores.items()})
         times = gather_rows(np.array([self._epoch_times]), root=None, comm=self.comm)
         h = self.history

@@ -31,6 +31,7 @@ from mpinb.keras.callbacks import (
     StopOnInterrupt,
     SyncNonTrainable,
 )
+from mpinb.keras.evaluation import Scored, scored
 from mpinb.keras.optimizer import DistributedOptimizer, TensorExchange, exchange_of, is_distributed
 
 __all__ = ["fit"]
@@ -48,7 +49,8 @@ def fit(
     epochs: int = 1,
     steps_per_epoch: int | None = None,
     accumulate_steps: int | None = None,
-    validation_data: tuple[Any, Any] | None = None,
+    validation_data: Any = None,
+    validation_steps: int | None = None,
     shards: str | None = None,
     strategy: str = "gradients",
     average_every: int = 1,
@@ -92,7 +94,8 @@ def fit(
         averages end on execution boundaries (N is lowered for this fit, with a warning, when it
         does not divide them), and a stop takes effect at the end of an execution.
     x, y : array_like, or a data pipeline and None
-        This rank's training rows (arrays, or a list/dict of arrays for multi-input models); or,
+        This rank's training rows (arrays, or a list/dict of arrays for multi-input models; a
+        ``scipy.sparse`` matrix for ``x``, as Keras accepts, is fed as sparse batches); or,
         with ``y=None``, a pipeline yielding this rank's batches ``(x, y)`` or ``(x, y,
         sample_weight)``: a ``tf.data.Dataset`` (see :func:`mpinb.data.shard_files` and
         :func:`mpinb.data.shard_dataset`), a ``keras.utils.PyDataset`` (read in index order,
@@ -110,9 +113,14 @@ def fit(
     steps_per_epoch : int, optional
         Steps per epoch on every rank. Required for a generator and for an infinite or
         unknown-length pipeline; with arrays, at most the steps of the plan (the first ones run).
-    validation_data : (x_val, y_val), optional
-        This rank's validation shard (may be empty on some ranks); scored exactly each epoch as
-        ``val_*`` logs.
+    validation_data : (x_val, y_val) or a data pipeline, optional
+        This rank's validation shard (may be empty on some ranks), or a pipeline of this rank's
+        validation batches (a ``tf.data.Dataset``, ``keras.utils.PyDataset`` or generator, as for
+        ``x``); scored exactly over every rank's rows each epoch (weighted by rows, as one process
+        on all of them) as ``val_*`` logs.
+    validation_steps : int, optional
+        Batches of this rank's validation pipeline scored each epoch; required where its length is
+        unknown or infinite, and for a generator (which each epoch continues).
     shards : {"proportional", "equal"}, optional
         How uneven shards of in-memory arrays share each step (see above). ``"proportional"`` (the
         default for arrays with ``strategy="gradients"``): every row once per epoch, local batches
@@ -193,14 +201,14 @@ def fit(
                             None if checkpoint is None else os.fspath(checkpoint), bool(resume), verbose,
                             steps_per_epoch, accumulate_steps, shards)
     with stopper.flag:
-        return _fit(model, x, y, validation_data, settings, user_callbacks, stopper, comm)
+        return _fit(model, x, y, (validation_data, validation_steps), settings, user_callbacks, stopper, comm)
 
 
 def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings, user_callbacks: list[Any],
          stopper: StopOnInterrupt, comm: Any) -> dict[str, Any]:
     s = settings
     stream = as_stream(x)
-    n_local = _check_inputs(model, x, y, validation_data, s, user_callbacks, stream, comm)
+    n_local, validation = _check_inputs(model, x, y, validation_data, s, user_callbacks, stream, comm)
     shards = s.shards_for(stream)
     plan = _plan_batches(model, x, n_local, stream, s.steps_per_epoch, s.batch_size, shards, comm)
     seed = s.seed if s.seed is not None else on_root(lambda: secrets.randbits(62), comm=comm)
@@ -216,7 +224,7 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings
     applied = _applied_callbacks(user_callbacks, comm)
     applied[BroadcastInitialState].broadcast(model)
     loop = FitLoop(
-        comm=comm, strategy=s.strategy, average_every=s.average_every, validation_data=validation_data,
+        comm=comm, strategy=s.strategy, average_every=s.average_every, validation=validation,
         eval_batch=max(plan.per_rank or -(-(s.batch_size or 0) // comm.Get_size()), 32), epochs=s.epochs, metrics=applied[MetricAverage], exchange=exchange,
     )
     stopper.raise_errors = False
@@ -251,11 +259,12 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings
     return history
 
 
-def _check_inputs(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings, callbacks: list[Any],
-                  stream: Stream | None, comm: Any) -> int | None:
+def _check_inputs(model: Any, x: Any, y: Any, validation_data: tuple[Any, int | None], settings: FitSettings,
+                  callbacks: list[Any], stream: Stream | None, comm: Any) -> tuple[int | None, Scored | None]:
     """Every check before training, raised together on every rank; returns this rank's rows
-    (``None`` for a pipeline). Collective."""
-    n_local = None
+    (``None`` for a pipeline) and its validation rows. Collective."""
+    n_local, validation = None, None
+    data, steps = validation_data
     with raise_together(comm=comm):
         settings.check(comm.Get_size(), callbacks, stream)
         if stream is None:
@@ -263,20 +272,31 @@ def _check_inputs(model: Any, x: Any, y: Any, validation_data: Any, settings: Fi
             _arrays.check_finite_inputs(x, y)
         elif y is not None:
             raise ValueError(f"y must be None when x is a {stream.kind}: it yields (x, y) batches.")
-        if validation_data is not None:
-            if (not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2
-                    or as_stream(validation_data[0]) is not None):
-                raise TypeError("validation_data must be a pair (x_val, y_val) of this rank's validation rows, as "
-                                "arrays (scored exactly over uneven shards); a pipeline is not accepted there.")
-            _arrays.check_xy(*validation_data, "validation_data[0]", "validation_data[1]")
+        if data is not None:
+            validation = _validation(data, steps)
+        elif steps is not None:
+            raise ValueError("validation_steps needs validation_data.")
         _check_model(model, settings.strategy)
     check_same(
-        (*settings.agreed(), validation_data is None, None if stream is None else stream.kind),
+        (*settings.agreed(), None if validation is None else validation.kind, None if stream is None else stream.kind),
         "fit()'s arguments (batch_size, epochs, strategy, average_every, shuffle, seed, checkpoint, resume, "
-        "steps_per_epoch, accumulate_steps, validation, kind of x)",
+        "steps_per_epoch, accumulate_steps, shards, kind of validation_data, kind of x)",
         comm=comm,
     )
-    return n_local
+    return n_local, validation
+
+
+def _validation(data: Any, steps: int | None) -> Scored:
+    """validation_data checked: a pair of arrays, or a pipeline (a generator only with steps)."""
+    if as_stream(data) is not None:
+        if as_stream(data).kind == "generator" and steps is None:
+            raise ValueError("a generator as validation_data would be used up by the first epoch; pass "
+                             "validation_steps= (this rank's batches scored each epoch).")
+        return scored(data, None, steps, "validation_data", "y", "validation_steps")
+    if not isinstance(data, (tuple, list)) or len(data) != 2 or as_stream(data[0]) is not None:
+        raise TypeError("validation_data must be a pair (x_val, y_val) of this rank's validation rows, or a "
+                        "pipeline (tf.data.Dataset, keras.utils.PyDataset or generator) of this rank's batches.")
+    return scored(*data, steps, "validation_data[0]", "validation_data[1]", "validation_steps")
 
 
 def _plan_batches(model: Any, x: Any, n_local: int | None, stream: Stream | None, requested: int | None,
@@ -284,7 +304,7 @@ def _plan_batches(model: Any, x: Any, n_local: int | None, stream: Stream | None
     """The steps every rank runs per epoch (collective); builds a model that has no weights yet."""
     if stream is None:
         plan = plan_arrays(n_local, batch_size, requested, comm=comm, shards=shards)
-        first = lambda: _arrays.take(x, np.arange(min(1, n_local)))  # noqa: E731
+        first = lambda: _arrays.take(x, np.arange(min(1, n_local)), dense=True)  # noqa: E731
     else:
         plan = plan_stream(stream.batches_per_epoch(), stream.kind, requested, comm=comm)
         first = stream.first_inputs

@@ -141,3 +141,56 @@ def test_equal_shards_stay_an_option(digits):
     steps = min(COMM.allgather(len(mine))) // per_rank
     assert history["steps"] == [steps] and history["params"]["shards"] == "equal"
     assert history["rows_used"] == [[steps * per_rank] * SIZE]
+
+
+# --- pipelines for validation and evaluation: exact over the union of every rank's rows -------------
+
+
+class Rows(keras.utils.PyDataset):
+    def __init__(self, X, y, batch):
+        super().__init__()
+        self.X, self.y, self.batch = X, y, batch
+
+    def __len__(self):
+        return -(-len(self.X) // self.batch)
+
+    def __getitem__(self, i):
+        return self.X[i * self.batch:(i + 1) * self.batch], self.y[i * self.batch:(i + 1) * self.batch]
+
+
+def pipeline(kind: str, X, y, batch: int = 16):
+    """This rank's rows as a pipeline of ``kind``, the last batch smaller; with the steps it needs."""
+    import tensorflow as tf
+
+    steps = -(-len(X) // batch)
+    if kind == "tf.data":
+        return tf.data.Dataset.from_tensor_slices((X, y)).batch(batch), None
+    if kind == "PyDataset":
+        return Rows(X, y, batch), None
+
+    def forever():
+        while True:
+            for i in range(steps):
+                yield X[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+
+    return forever(), steps
+
+
+@pytest.mark.parametrize(("kind", "shards"), [("tf.data", "1:2:3"), ("PyDataset", "1:2:3"), ("generator", "1:2:3"),
+                                             ("tf.data", "empty_rank")])
+def test_evaluate_and_validation_pipelines_score_the_union_of_the_rows(digits, kind, shards):
+    X, y = digits
+    mine = split(shards)[RANK]  # uneven, so weighting by batches or ranks would be wrong
+    model = mlp(6)
+    validation, validation_steps = pipeline(kind, X[mine], y[mine])
+    history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, verbose=0,
+                     validation_data=validation, validation_steps=validation_steps)
+    whole = model.evaluate(X, y, batch_size=128, verbose=0, return_dict=True)  # one model everywhere
+    np.testing.assert_allclose(history["val_loss"][-1], whole["loss"], rtol=1e-6)
+    np.testing.assert_allclose(history["val_accuracy"][-1], whole["accuracy"], rtol=1e-6)
+    data, steps = pipeline(kind, X[mine], y[mine], batch=7)
+    scores = mk.evaluate(model, data, steps=steps)
+    assert sorted(scores) == sorted(whole)
+    for key in whole:
+        np.testing.assert_allclose(scores[key], whole[key], rtol=1e-6, err_msg=key)
+    assert_same_everywhere([scores[k] for k in sorted(scores)])
