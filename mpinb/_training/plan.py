@@ -53,6 +53,11 @@ class BatchPlan:
             return self.sizes[:, rank]
         return None if self.per_rank is None else np.full(self.steps, self.per_rank, dtype=np.int64)
 
+    @property
+    def largest_local_batch(self) -> int | None:
+        """The per-rank batch (equal shards), or the largest local batch of any rank and step."""
+        return int(self.sizes.max()) if self.sizes is not None else self.per_rank
+
     def rows_used(self, rank: int) -> int | None:
         """The rows this rank trains on per epoch (``None`` for a pipeline)."""
         local = self.local_sizes(rank)

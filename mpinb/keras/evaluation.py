@@ -15,7 +15,7 @@ from mpinb.comm import allreduce
 from mpinb.keras._arrays import check_xy, dummy_row
 from mpinb.keras._inputs import Stream, as_stream
 
-__all__ = ["Scored", "evaluate", "global_evaluate", "scored"]
+__all__ = ["Scored", "evaluate", "global_evaluate", "scored", "validation_rows"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,20 @@ def scored(x: Any, y: Any, steps: int | None, xname: str = "x", yname: str = "y"
         raise ValueError(f"{xname} is a {stream.kind} of unknown or infinite length on this rank; pass {steps_name}= "
                          "(this rank's batches to score).")
     return Scored(stream=stream, steps=steps)
+
+
+def validation_rows(data: Any, steps: int | None) -> Scored:
+    """fit's ``validation_data`` checked: a pair of arrays, or a pipeline (a generator only with
+    ``validation_steps``). Local."""
+    if as_stream(data) is not None:
+        if as_stream(data).kind == "generator" and steps is None:
+            raise ValueError("a generator as validation_data would be used up by the first epoch; pass "
+                             "validation_steps= (this rank's batches scored each epoch).")
+        return scored(data, None, steps, "validation_data", "y", "validation_steps")
+    if not isinstance(data, (tuple, list)) or len(data) != 2 or as_stream(data[0]) is not None:
+        raise TypeError("validation_data must be a pair (x_val, y_val) of this rank's validation rows, or a "
+                        "pipeline (tf.data.Dataset, keras.utils.PyDataset or generator) of this rank's batches.")
+    return scored(*data, steps, "validation_data[0]", "validation_data[1]", "validation_steps")
 
 
 def evaluate(model: Any, x: Any, y: Any = None, *, batch_size: int = 32, steps: int | None = None,

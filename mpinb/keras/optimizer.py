@@ -22,8 +22,10 @@ def DistributedOptimizer(optimizer: Any, *, accumulate_steps: int = 1, comm: Any
     model with the same number of steps (``mpinb.keras.fit`` guarantees this). The hook is
     ``optimizer.apply``, which Keras's ``fit``, ``train_on_batch`` and custom loops calling
     ``apply_gradients`` all reach; inside it one ``tf.numpy_function`` packs all gradients into one
-    buffer, multiplying each by ``1 / size`` as it is copied in, and calls ``comm.Allreduce`` once:
-    the sum of the scaled gradients is their mean, so nothing is divided afterwards. (Half-precision
+    buffer, multiplying each by this rank's share of the global batch as it is copied in (``1 /
+    size``, or under ``mpinb.keras.fit`` with proportional shards the step's local rows over the
+    global batch), and sums once: the sum of the scaled gradients is the mean over the global
+    batch, so nothing is divided afterwards. (Half-precision
     gradients are packed and summed in float32; on one rank the hook does nothing.)
 
     The wrapper is a subclass of the optimizer's class with the same name and module, built from the

@@ -31,7 +31,7 @@ from mpinb.keras.callbacks import (
     StopOnInterrupt,
     SyncNonTrainable,
 )
-from mpinb.keras.evaluation import Scored, scored
+from mpinb.keras.evaluation import Scored, validation_rows
 from mpinb.keras.optimizer import DistributedOptimizer, TensorExchange, exchange_of, is_distributed
 
 __all__ = ["fit"]
@@ -233,7 +233,7 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings
     per_execution = _execution_steps(requested, plan.steps, s, comm)
     history = loop.history
     history["params"] = {
-        "batch_size": s.batch_size, "per_rank_batch": _largest_local_batch(plan), "steps_per_epoch": plan.steps,
+        "batch_size": s.batch_size, "per_rank_batch": plan.largest_local_batch, "steps_per_epoch": plan.steps,
         "ranks": comm.Get_size(), "strategy": s.strategy, "average_every": s.average_every, "seed": int(seed),
         "shuffle": bool(s.shuffle), "rows_per_rank": None if plan.counts is None else list(plan.counts),
         "initial_epoch": initial_epoch, "epochs": s.epochs, "steps_per_execution": per_execution,
@@ -273,7 +273,7 @@ def _check_inputs(model: Any, x: Any, y: Any, validation_data: tuple[Any, int | 
         elif y is not None:
             raise ValueError(f"y must be None when x is a {stream.kind}: it yields (x, y) batches.")
         if data is not None:
-            validation = _validation(data, steps)
+            validation = validation_rows(data, steps)
         elif steps is not None:
             raise ValueError("validation_steps needs validation_data.")
         _check_model(model, settings.strategy)
@@ -284,19 +284,6 @@ def _check_inputs(model: Any, x: Any, y: Any, validation_data: tuple[Any, int | 
         comm=comm,
     )
     return n_local, validation
-
-
-def _validation(data: Any, steps: int | None) -> Scored:
-    """validation_data checked: a pair of arrays, or a pipeline (a generator only with steps)."""
-    if as_stream(data) is not None:
-        if as_stream(data).kind == "generator" and steps is None:
-            raise ValueError("a generator as validation_data would be used up by the first epoch; pass "
-                             "validation_steps= (this rank's batches scored each epoch).")
-        return scored(data, None, steps, "validation_data", "y", "validation_steps")
-    if not isinstance(data, (tuple, list)) or len(data) != 2 or as_stream(data[0]) is not None:
-        raise TypeError("validation_data must be a pair (x_val, y_val) of this rank's validation rows, or a "
-                        "pipeline (tf.data.Dataset, keras.utils.PyDataset or generator) of this rank's batches.")
-    return scored(*data, steps, "validation_data[0]", "validation_data[1]", "validation_steps")
 
 
 def _plan_batches(model: Any, x: Any, n_local: int | None, stream: Stream | None, requested: int | None,
@@ -311,11 +298,6 @@ def _plan_batches(model: Any, x: Any, n_local: int | None, stream: Stream | None
     if not model.built:
         model(first())
     return plan
-
-
-def _largest_local_batch(plan: BatchPlan) -> int | None:
-    """The per-rank batch (equal shards), or the largest local batch of any rank and step."""
-    return int(plan.sizes.max()) if plan.sizes is not None else plan.per_rank
 
 
 def _share_cores(comm: Any) -> None:
@@ -447,9 +429,10 @@ def _weighted_by_rows(model: Any, plan: BatchPlan | None, exchange: TensorExchan
     applied[MetricAverage].weights = rows
     applied[SyncNonTrainable].share = rows[rank] / sum(rows)
     guard = []
-    if exchange is not None and exchange.carries_votes:
+    if exchange is not None:
+        # Also on one rank: accumulated micro-steps count by their rows (the epoch's last is smaller).
         exchange.weigh_by_rows(plan.local_sizes(rank), plan.sizes.sum(axis=1))
-        if plan.local_sizes(rank).min() == 0:
+        if plan.local_sizes(rank).min() == 0:  # never on one rank
             guard = [v for v in model.non_trainable_variables if np.dtype(str(v.dtype)).kind == "f"]
     if guard:
         exchange.keep_statistics_of(guard)

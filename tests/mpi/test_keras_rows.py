@@ -49,8 +49,20 @@ def mlp(seed: int, *, batchnorm: bool = False, optimizer=None):
         layers.append(keras.layers.BatchNormalization())
     layers.append(keras.layers.Dense(10, activation="softmax"))
     model = keras.Sequential(layers)
-    model.compile(optimizer=optimizer or keras.optimizers.Adam(0.01), loss=LOSS, metrics=["accuracy"])
+    model.compile(optimizer=optimizer() if optimizer else keras.optimizers.Adam(0.01), loss=LOSS, metrics=["accuracy"])
     return model
+
+
+def twins(seed: int, **kwargs):
+    """A model and its one-process reference, starting from the same weights."""
+    model, reference = mlp(seed, **kwargs), mlp(seed, **kwargs)
+    reference.set_weights(model.get_weights())
+    return model, reference
+
+
+def union_order(shards: list[np.ndarray]) -> np.ndarray:
+    """The rows of every step's global batch, step after step: what one process trains on."""
+    return np.concatenate([idx for step in proportional_batches(shards, BATCH) for idx in step])
 
 
 SPLITS = ["even", "1:2:3", "single_row", "empty_rank"]
@@ -61,11 +73,10 @@ def test_every_row_once_and_each_step_equals_one_process_on_the_union(digits, ki
     X, y = digits
     shards = split(kind)
     mine = shards[RANK]
-    model, reference = mlp(1), mlp(1)
-    reference.set_weights(model.get_weights())
+    model, reference = twins(1)
     history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
 
-    order = np.concatenate([idx for step in proportional_batches(shards, BATCH) for idx in step])
+    order = union_order(shards)
     assert sorted(order.tolist()) == list(range(N))  # the plan uses every row once
     ref = reference.fit(X[order], y[order], batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
 
@@ -92,9 +103,7 @@ def test_batchnorm_statistics_per_local_batch_weighted_by_rows(digits, kind):
     mine = shards[RANK]
     # SGD, not Adam: the bias before BatchNorm has a zero gradient up to round-off, which Adam
     # would blow up to full-size steps, different in each summation order.
-    model = mlp(2, batchnorm=True, optimizer=keras.optimizers.SGD(0.05, momentum=0.9))
-    reference = mlp(2, batchnorm=True, optimizer=keras.optimizers.SGD(0.05, momentum=0.9))
-    reference.set_weights(model.get_weights())
+    model, reference = twins(2, batchnorm=True, optimizer=lambda: keras.optimizers.SGD(0.05, momentum=0.9))
     history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
                      validation_data=(X[mine], y[mine]))
     losses = proportional_reference(reference, X, y, proportional_batches(shards, BATCH), epochs=2)
@@ -114,10 +123,9 @@ def test_accumulating_two_steps_equals_one_process_on_twice_the_batch(digits, ki
     X, y = digits
     shards = split(kind)
     mine = shards[RANK]
-    model, reference = mlp(3), mlp(3)
-    reference.set_weights(model.get_weights())
+    model, reference = twins(3)
     history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, shuffle=False, accumulate_steps=2, verbose=0)
-    order = np.concatenate([idx for step in proportional_batches(shards, BATCH) for idx in step])
+    order = union_order(shards)
     reference.fit(X[order], y[order], batch_size=2 * BATCH, epochs=2, shuffle=False, verbose=0)
     err = relative_error(weights_of(model), weights_of(reference))
     assert_everywhere(err < 1e-5, f"{kind}: accumulate_steps=2 within 1e-5 of one process on 2x the batch ({err:.1e})")
