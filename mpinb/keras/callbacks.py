@@ -205,7 +205,7 @@ class StopOnInterrupt(keras.callbacks.Callback):
 
     Collective. Put it **last** in ``callbacks``. While training runs, SIGINT only sets a
     :class:`~mpinb.interrupt.StopFlag`. With a ``DistributedOptimizer`` the vote rides in the
-    gradient buffer (no extra message): every rank learns after the same step that some rank asked
+    gradient exchange's arrival (no extra message): every rank learns after the same step that some rank asked
     to stop, and stops there. With any other optimizer one three-number Allreduce per step decides.
     A stop requested locally by another callback mid-epoch (``TerminateOnNaN`` seeing this rank's
     loss) takes effect on all ranks one step later; at epoch end one small Allreduce agrees.
