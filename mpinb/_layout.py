@@ -26,8 +26,6 @@ class Layout:
         Each array's shape and the dtype of the buffer it goes into.
     align : int, default 0
         Start every array on a multiple of this many bytes of its buffer; 0 packs them tightly.
-    extra : int, default 0
-        Elements reserved at the end of the first buffer (votes riding with the data).
 
     Attributes
     ----------
@@ -39,8 +37,7 @@ class Layout:
         The arrays' shapes.
     """
 
-    def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], *, align: int = 0,
-                 extra: int = 0) -> None:
+    def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], *, align: int = 0) -> None:
         buffer_dtypes: list[np.dtype] = []
         lengths: list[int] = []
         slots: list[tuple[int, int, int]] = []
@@ -55,16 +52,12 @@ class Layout:
             stop = start + int(np.prod(shape, dtype=np.int64))
             slots.append((b, start, stop))
             lengths[b] = stop
-        if extra:
-            if not lengths:
-                raise ValueError("votes need a buffer to ride in; the layout has no arrays.")
-            lengths[0] += extra
         self.shapes = tuple(tuple(s) for s in shapes)
         self.dtypes = tuple(buffer_dtypes)
         self.lengths = tuple(lengths)
         self.slots = tuple(slots)
         self._members = [[i for i, slot in enumerate(slots) if slot[0] == b] for b in range(len(buffer_dtypes))]
-        self._tight = align <= 1 and extra == 0
+        self._tight = align <= 1
 
     def members(self, b: int) -> list[int]:
         """The indices of the arrays living in buffer ``b``, in order."""
@@ -73,7 +66,7 @@ class Layout:
     def pack(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Fresh, tightly packed buffers holding ``arrays`` (cast to each buffer's dtype)."""
         if not self._tight:
-            raise ValueError("pack() makes tight buffers; this layout is aligned or carries extra elements.")
+            raise ValueError("pack() makes tight buffers; this layout is aligned.")
         return [np.concatenate([arrays[i] for i in members], axis=None, dtype=dtype, casting="unsafe")
                 for members, dtype in zip(self._members, self.dtypes)]
 

@@ -17,9 +17,10 @@ from mpinb.comm import allreduce, gather_rows
 __all__ = ["ArrayAverager", "average_arrays", "gather_logs", "sum_arrays"]
 
 
-def average_arrays(arrays: Sequence[np.ndarray], *, comm: Any) -> list[np.ndarray]:
+def average_arrays(arrays: Sequence[np.ndarray], *, comm: Any, share: float | None = None) -> list[np.ndarray]:
     """Mean over ranks of each floating-point array, in its own precision (half in float32); other
-    arrays unchanged.
+    arrays unchanged. With ``share`` (this rank's weight over the sum of every rank's weights, say
+    its rows over all rows), the weighted mean; a rank of share 0 takes no part, whatever it holds.
 
     Collective: one fused Allreduce per dtype. A mean of a few float32 values loses nothing that
     float32 weights could hold, and widening to float64 would double the bytes moved and add two
@@ -28,7 +29,10 @@ def average_arrays(arrays: Sequence[np.ndarray], *, comm: Any) -> list[np.ndarra
     it into a float, so it is left alone.
     """
     floats = [i for i, a in enumerate(arrays) if np.asarray(a).dtype.kind == "f"]
-    reduced = allreduce([np.asarray(arrays[i]) for i in floats], op="mean", comm=comm)
+    values = [np.asarray(arrays[i]) for i in floats]
+    if share is not None:
+        values = [v * v.dtype.type(share) if share else np.zeros_like(v) for v in values]
+    reduced = allreduce(values, op="mean" if share is None else "sum", comm=comm)
     out = [np.asarray(a) for a in arrays]
     for i, r in zip(floats, reduced):
         out[i] = np.asarray(r).astype(out[i].dtype, copy=False)
@@ -45,8 +49,11 @@ def sum_arrays(arrays: Sequence[np.ndarray], *, comm: Any) -> list[np.ndarray]:
     return [np.asarray(r).astype(np.asarray(a).dtype) for r, a in zip(reduced, arrays)]
 
 
-def gather_logs(logs: Mapping[str, Any], *, comm: Any) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """Every rank's numeric scalar logs, and their mean over ranks.
+def gather_logs(logs: Mapping[str, Any], *, comm: Any,
+                weights: Sequence[float] | None = None) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Every rank's numeric scalar logs, and their mean over ranks (weighted by ``weights``, one
+    per rank, when given: each rank's rows, so a rank with more rows counts more and a rank of
+    weight 0 not at all).
 
     Collective. The key sets are checked first, so a rank whose logs differ makes every rank raise
     :class:`~mpinb.CollectiveMismatchError` naming each rank's keys instead of mixing up values.
@@ -56,7 +63,13 @@ def gather_logs(logs: Mapping[str, Any], *, comm: Any) -> tuple[dict[str, float]
     keys = sorted(k for k, v in logs.items() if _is_scalar(v))
     check_same(keys, "the names of the logged metrics", comm=comm)
     values = gather_rows(np.array([[float(logs[k]) for k in keys]], dtype=np.float64), root=None, comm=comm)
-    means = values.mean(axis=0) if keys else np.zeros(0)
+    if not keys:
+        means = np.zeros(0)
+    elif weights is None:
+        means = values.mean(axis=0)
+    else:
+        w = np.asarray(weights, dtype=np.float64)[:, None]
+        means = np.where(w > 0, values * w, 0.0).sum(axis=0) / w.sum()
     per_rank = [dict(zip(keys, (float(v) for v in row))) for row in values]
     return dict(zip(keys, (float(m) for m in means))), per_rank
 
@@ -90,6 +103,6 @@ class ArrayAverager:
             check_same(layout, "the shapes and dtypes of the averaged weights and optimizer state", comm=self.comm)
             self._packer, self._layout = Packer(arrays), layout
         assert self._packer is not None
-        bufs = self._packer.fill(arrays, 1.0 / self.comm.Get_size(), (0.0, 0.0))
-        waited = sum_over_ranks(bufs, self._packer.layout, self.comm, "fit's weight average")
-        return self._packer.unpack(bufs), waited
+        bufs, _ = self._packer.fill(arrays, 1.0 / self.comm.Get_size())
+        op = sum_over_ranks(bufs, self.comm, "fit's weight average")
+        return self._packer.unpack(bufs), op.waited

@@ -1,4 +1,5 @@
-"""The gradient exchange: one fused sum over the ranks per step, carrying every rank's stop votes."""
+"""The gradient exchange: one fused sum over the ranks per step, each rank's gradient weighted by its
+local batch, every rank's stop votes riding in the arrival."""
 
 from __future__ import annotations
 
@@ -18,12 +19,18 @@ class GradientExchange:
     Collective in use: every rank calls :meth:`reduce` once per update, with arrays of the same
     shapes and dtypes. A framework's glue hands it the step's gradients as NumPy arrays (from a
     TensorFlow ``numpy_function``, say) and gets their means back, as views of a persistent MPI
-    buffer: packing happens once, scaled by ``1/size`` on the way in, and nothing is copied out.
+    buffer: packing happens once, scaled on the way in, and nothing is copied out.
 
-    Besides the gradients, the buffer carries three numbers, this rank's interrupt, stop and
-    non-finite-gradient votes, so that a collective stop costs no extra message: after each step
-    every rank knows whether any rank asked to stop, or met a NaN or an infinity, and stops at the
-    same step (:class:`~mpinb._training.stopping.JointStop` decides).
+    Each rank's gradient is the mean over its local batch, so the gradient of the global batch is
+    ``sum_r (b_r / B) g_r``: with :meth:`weigh_by_rows` (every rank's local batch ``b_r`` at every
+    step, from the batch plan) each rank scales by ``b_r / B`` before the sum, which is exact and
+    costs no extra message; without it by ``1/size`` (equal local batches). A rank with no rows in
+    a step sends zeros.
+
+    The operation's arrival carries three votes, this rank's interrupt, stop and non-finite-gradient
+    votes (the last found while packing), so that a collective stop costs no extra message: after
+    each step every rank knows whether any rank asked to stop, or met a NaN or an infinity, and
+    stops at the same step (:class:`~mpinb._training.stopping.JointStop` decides).
 
     Parameters
     ----------
@@ -46,6 +53,41 @@ class GradientExchange:
         # Sticky until taken: some rank voted in a step reduced since the last take_votes().
         self._interrupt = self._stop = self._nonfinite = False
         self._packers: dict[tuple, Packer] = {}
+        self._rows: tuple[np.ndarray, np.ndarray] | None = None  # (this rank's, the global) batch per step
+        self._step = 0  # (micro-)steps taken in this epoch's plan
+
+    def weigh_by_rows(self, local: np.ndarray | None, total: np.ndarray | None) -> None:
+        """Weight this rank's gradient at step k by ``local[k] / total[k]`` (its rows over the
+        global batch; the plan repeats every epoch), from the next step on; ``None``: equal weights.
+        Local: every rank passes its own column of the same plan."""
+        self._rows = None if local is None else (np.asarray(local, np.float64), np.asarray(total, np.float64))
+        self._step = 0
+
+    def micro_weight(self) -> np.float32:
+        """With gradient accumulation: the weight of this micro-step's (local mean) gradient in the
+        update's sum, so that the sum is this rank's part of the mean over all the update's rows.
+        Local; called once per micro-step, in order."""
+        n = self.accumulate
+        if self._rows is None:
+            weight = 1.0 / (n * self.comm.Get_size())
+        else:
+            local, total = self._rows
+            k = self._step % len(local)
+            first = k - k % n
+            weight = local[k] / total[first:first + n].sum()
+        self._step += 1
+        return np.float32(weight)
+
+    def _scale(self) -> float:
+        """This update's factor for this rank's gradient (accumulated sums come weighted)."""
+        if self.accumulate > 1:
+            return 1.0
+        if self._rows is None:
+            return 1.0 / self.comm.Get_size()
+        local, total = self._rows
+        k = self._step % len(local)
+        self._step += 1
+        return float(local[k] / total[k])
 
     @property
     def carries_votes(self) -> bool:
@@ -63,18 +105,20 @@ class GradientExchange:
         packer = self._packers.get(key)
         if packer is None:
             packer = self._packers[key] = Packer(grads)
-        bufs = packer.fill(grads, 1.0 / self.comm.Get_size(), self.votes)
+        bufs, finite = packer.fill(grads, self._scale())
+        votes = (*(int(v > 0) for v in self.votes), int(not finite))
         try:
-            self.wait_seconds += sum_over_ranks(bufs, packer.layout, self.comm, "gradient exchange")
+            op = sum_over_ranks(bufs, self.comm, "gradient exchange", votes)
         except BaseException as err:
             # A framework may re-raise errors from inside its step as its own (TensorFlow: an
             # UnknownError); keep the original (a CollectiveTimeout naming the missing rank).
             self.error = err
             raise
-        interrupt, stop, nonfinite = bufs[0][-3:]
-        self._interrupt |= bool(interrupt > 0)
-        self._stop |= bool(stop > 0)
-        self._nonfinite |= bool(nonfinite > 0)
+        self.wait_seconds += op.waited
+        interrupt, stop, nonfinite = op.votes
+        self._interrupt |= bool(interrupt)
+        self._stop |= bool(stop)
+        self._nonfinite |= bool(nonfinite)
         self.seconds += time.perf_counter() - t0
         return packer.unpack(bufs)
 

@@ -29,45 +29,48 @@ class Packer:
     _KEEP = 4  # sets of buffers kept for reuse
 
     def __init__(self, grads: tuple[np.ndarray, ...]) -> None:
-        # The (interrupt, stop, non-finite) votes ride at the end of the first buffer.
-        self.plan = Layout([g.shape for g in grads], [g.dtype for g in grads], align=self._ALIGN, extra=3)
-        # What every rank must agree on before summing: the buffers' lengths and dtypes.
-        self.layout = tuple((n, d.str) for n, d in zip(self.plan.lengths, self.plan.dtypes))
+        self.plan = Layout([g.shape for g in grads], [g.dtype for g in grads], align=self._ALIGN)
         # Zeroed when made: the padding between gradients is summed with the other ranks' zeros.
         self._pool = BufferPool(self.plan.lengths, self.plan.dtypes, align=self._ALIGN, keep=self._KEEP)
 
-    def fill(self, grads: tuple[np.ndarray, ...], scale: float, votes: tuple[float, float]) -> list[np.ndarray]:
-        """Copy ``grads * scale`` into an idle set of buffers, then this rank's votes: interrupt,
-        stop, and whether any of its gradients is NaN or infinite (checked in the same pass).
+    def fill(self, grads: tuple[np.ndarray, ...], scale: float) -> tuple[list[np.ndarray], bool]:
+        """Copy ``grads * scale`` into an idle set of buffers; returns them and whether every
+        gradient is finite (checked in the same pass: this rank's non-finite vote).
 
         Scaling before the sum is exact for a power-of-two number of ranks, and otherwise differs
         from dividing afterwards only by round-off, identically on every rank. Voting on the local
         gradients (rather than scanning the sum) costs no extra pass; a sum of finite values that
-        overflows is caught one step later, by the gradients of the loss it makes infinite.
+        overflows is caught one step later, by the gradients of the loss it makes infinite. A scale
+        of 0 (a rank with no rows in this step) writes zeros: its gradients, of an empty batch, take
+        no part, and nothing non-finite in them votes.
         """
         bufs = self._pool.take()
+        if scale == 0:
+            for buf in bufs:
+                buf.fill(0)
+            return bufs, True
         finite = True
         for g, (b, start, stop) in zip(grads, self.plan.slots):
             dst = bufs[b][start:stop]
             finite &= _scale_into(g.reshape(-1), dst.dtype.type(scale), dst)
-        bufs[0][-3:] = (*votes, 0.0 if finite else 1.0)
-        return bufs
+        return bufs, finite
 
     def unpack(self, bufs: list[np.ndarray]) -> list[np.ndarray]:
         """Each gradient as a view of ``bufs`` (the set stays in use while any view lives)."""
         return self.plan.views(bufs)
 
 
-def sum_over_ranks(bufs: list[np.ndarray], layout: Any, comm: Any, name: str) -> float:
-    """Sum each buffer of ``bufs`` over the ranks, in place; returns the seconds spent waiting.
+def sum_over_ranks(bufs: list[np.ndarray], comm: Any, name: str, votes: tuple[int, ...] = ()) -> Any:
+    """Sum each buffer of ``bufs`` over the ranks, in place; returns the finished operation, whose
+    ``waited`` is the seconds spent waiting and ``votes`` the maxima of ``votes`` over the ranks.
 
     Collective, through mpinb's collective layer: the arrival message (which also checks that
-    every rank packed the same ``layout``) splits the time into waiting for the slowest rank (load
-    imbalance or noise) and moving the data, and runs under mpinb's collective deadline when one is
-    set, so a rank that does not come is named in a :class:`~mpinb.CollectiveTimeout` instead of a
-    hang.
+    every rank packed the same buffers, and carries the votes) splits the time into waiting for the
+    slowest rank (load imbalance or noise) and moving the data, and runs under mpinb's collective
+    deadline when one is set, so a rank that does not come is named in a
+    :class:`~mpinb.CollectiveTimeout` instead of a hang.
     """
-    return _collective.reduce_in_place(bufs, "sum", comm=comm, name=name).waited
+    return _collective.reduce_in_place(bufs, "sum", comm=comm, name=name, votes=votes)
 
 
 def bcast_arrays(values: Sequence[np.ndarray], *, root: int, comm: Any) -> list[np.ndarray]:

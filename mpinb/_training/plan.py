@@ -3,6 +3,9 @@ steps group into executions, updates and weight averages.
 
 Every rank must run the same number of steps, or the per-step gradient exchange hangs; the counts
 here are agreed collectively (or every rank raises the same error), the rest is local arithmetic.
+Two plans for in-memory rows: *proportional* (every row once per epoch, each rank's local batch
+proportional to its share of the rows, see :func:`proportional_sizes`) and *equal* (the same
+per-rank batch everywhere, the fewest full batches any rank holds, the rest left out).
 """
 
 from __future__ import annotations
@@ -20,30 +23,65 @@ __all__ = [
     "BatchPlan",
     "check_accumulate",
     "epoch_batches",
+    "epoch_rows",
     "execution_boundary",
     "plan_arrays",
     "plan_stream",
+    "proportional_sizes",
     "steps_per_epoch",
     "steps_per_execution",
 ]
 
 
+SHARDS = ("proportional", "equal")
+
+
 @dataclass(frozen=True)
 class BatchPlan:
-    """The steps per epoch every rank runs, and for in-memory rows the per-rank batch and every
-    rank's row count (``None`` for a pipeline, whose batches are its own)."""
+    """The steps per epoch every rank runs, and for in-memory rows every rank's row count and
+    either the per-rank batch (equal shards) or the local batch of every rank at every step,
+    ``sizes[step, rank]`` (proportional shards). ``None`` for a pipeline, whose batches are its own."""
 
     steps: int
     per_rank: int | None = None
     counts: tuple[int, ...] | None = None
+    sizes: np.ndarray | None = None
+
+    def local_sizes(self, rank: int) -> np.ndarray | None:
+        """This rank's local batch at each step of an epoch (``None``: the pipeline's own batches)."""
+        if self.sizes is not None:
+            return self.sizes[:, rank]
+        return None if self.per_rank is None else np.full(self.steps, self.per_rank, dtype=np.int64)
+
+    @property
+    def largest_local_batch(self) -> int | None:
+        """The per-rank batch (equal shards), or the largest local batch of any rank and step."""
+        return int(self.sizes.max()) if self.sizes is not None else self.per_rank
+
+    def rows_used(self, rank: int) -> int | None:
+        """The rows this rank trains on per epoch (``None`` for a pipeline)."""
+        local = self.local_sizes(rank)
+        return None if local is None else int(local.sum())
 
 
-def plan_arrays(n_local: int, batch_size: int, requested: int | None, *, comm: Any) -> BatchPlan:
-    """The plan for ``n_local`` rows on this rank and a global ``batch_size`` (a multiple of the
-    number of ranks). Collective: every rank gets the same plan, or every rank raises."""
+def plan_arrays(n_local: int, batch_size: int, requested: int | None, *, comm: Any,
+                shards: str = "equal") -> BatchPlan:
+    """The plan for ``n_local`` rows on this rank and a global ``batch_size``. Collective: every
+    rank gets the same plan, or every rank raises.
+
+    ``shards="proportional"``: every row once per epoch, in global batches of ``batch_size`` (the
+    last one smaller), each split over the ranks in proportion to their rows
+    (:func:`proportional_sizes`). ``shards="equal"``: ``batch_size // size`` rows per rank and step
+    (a multiple of the number of ranks), the fewest full batches any rank holds."""
     size = comm.Get_size()
-    per_rank = batch_size // size
     counts = _collective.allgather(n_local, comm=comm, name="fit's row counts")
+    if shards == "proportional":
+        total = int(sum(counts))
+        check_all(total > 0, "no rank holds any training rows; give some rank its shard", comm=comm)
+        sizes = proportional_sizes(counts, batch_size)
+        steps = _agreed_steps(len(sizes), requested, "global batches", comm)
+        return BatchPlan(steps, None, tuple(int(c) for c in counts), sizes[:steps])
+    per_rank = batch_size // size
     check_all(
         n_local >= per_rank,
         f"this rank holds {n_local} training rows, fewer than one per-rank batch of {per_rank} "
@@ -71,6 +109,30 @@ def plan_stream(local: int | None, kind: str, requested: int | None, *, comm: An
     return BatchPlan(requested)
 
 
+def proportional_sizes(counts: Sequence[int], batch_size: int) -> np.ndarray:
+    """Every rank's local batch at every step of an epoch, ``sizes[step, rank]``, so that each rank
+    uses each of its rows once per epoch and every step's global batch is ``batch_size`` (the last
+    one the remainder, as Keras's last batch).
+
+    Local, and a pure function of the row counts and the batch size, so identical on every rank.
+    The rows of all ranks are merged into one sequence, rank r's i-th row at position
+    ``(i + 1/2) / counts[r]`` of the epoch (ties in rank order), and step k takes positions
+    ``[k * batch_size, (k + 1) * batch_size)``: each rank's share of every global batch is within
+    one row of ``batch_size * counts[r] / total``, and a rank with one row uses it once, mid-epoch.
+    """
+    counts = np.asarray([int(c) for c in counts], dtype=np.int64)
+    total, batch = int(counts.sum()), int(batch_size)
+    steps = -(-total // batch)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    index = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    # Correctly rounded float64 divisions: the same order on every rank and every host.
+    position = (2 * index + 1) / (2.0 * np.maximum(counts, 1)[owner])
+    merged = owner[np.lexsort((owner, position))]
+    sizes = np.zeros((steps, len(counts)), dtype=np.int64)
+    np.add.at(sizes, (np.arange(total) // batch, merged), 1)
+    return sizes
+
+
 def steps_per_epoch(counts: Sequence[int], per_rank_batch: int) -> int:
     """Steps every rank can run in one epoch: the fewest full per-rank batches on any rank.
 
@@ -84,17 +146,25 @@ def steps_per_epoch(counts: Sequence[int], per_rank_batch: int) -> int:
 def epoch_batches(
     n_local: int, *, per_rank_batch: int, steps: int, epoch: int, seed: int, rank: int, shuffle: bool
 ) -> np.ndarray:
-    """Row indices of this rank's batches for one epoch, shape ``(steps, per_rank_batch)``.
+    """Row indices of this rank's equal batches for one epoch, shape ``(steps, per_rank_batch)``.
+    Local; see :func:`epoch_rows`."""
+    used = steps * per_rank_batch
+    order = epoch_rows(n_local, used, epoch=epoch, seed=seed, rank=rank, shuffle=shuffle)
+    return order.reshape(steps, per_rank_batch)
+
+
+def epoch_rows(n_local: int, used: int, *, epoch: int, seed: int, rank: int, shuffle: bool) -> np.ndarray:
+    """The ``used`` row indices this rank trains on in one epoch, in order (batch k is the next
+    local batch of them).
 
     Local. The permutation depends on ``(seed, epoch, rank)`` only, so it is reproducible, differs
     between epochs and ranks, and needs no communication (the seed itself is shared).
     """
-    used = steps * per_rank_batch
     if shuffle:
         order = np.random.default_rng([int(seed), int(epoch), int(rank)]).permutation(n_local)[:used]
     else:
         order = np.arange(used)
-    return order.astype(np.int64).reshape(steps, per_rank_batch)
+    return order.astype(np.int64)
 
 
 def check_accumulate(accumulate: int, steps: int) -> None:

@@ -50,6 +50,18 @@ class Stream:
             return _pydataset_batches(self.data, steps, epochs)
         return _counted(itertools.chain(self._peeked, self.data), steps * epochs)
 
+    def evaluation_input(self, steps: int | None) -> Any:
+        """What ``model.evaluate`` gets to score ``steps`` batches (``None``: one pass). A
+        generator is handed over ``steps`` batches at a time, so that the next evaluation (the next
+        epoch's validation) continues where this one stopped, and the first batch peeked to build
+        the model is scored, not lost."""
+        if self.kind != "generator":
+            return self.data
+        batches = itertools.chain(self._peeked, self.data)
+        self._peeked = []
+        # A generator object, as Keras's data adapters want one.
+        return (b for b in (batches if steps is None else itertools.islice(batches, steps)))
+
     def _first(self) -> Any:
         if self.kind == "tf.data.Dataset":
             return next(iter(self.data.take(1)))

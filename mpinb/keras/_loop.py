@@ -9,11 +9,10 @@ import keras
 import numpy as np
 
 from mpinb._training.averaging import ArrayAverager
-from mpinb._training.exchange import GradientExchange
 from mpinb.comm import gather_rows
-from mpinb.keras._arrays import length
 from mpinb.keras.callbacks import MetricAverage
-from mpinb.keras.evaluation import global_evaluate
+from mpinb.keras.evaluation import Scored, global_evaluate
+from mpinb.keras.optimizer import TensorExchange
 from mpinb.live import Progress
 
 __all__ = ["FitLoop"]
@@ -24,23 +23,23 @@ class FitLoop(keras.callbacks.Callback):
     through ``recorder`` (after SyncNonTrainable and MetricAverage), exact validation, the history
     dict and live progress."""
 
-    def __init__(self, *, comm: Any, strategy: str, average_every: int, validation_data: Any, eval_batch: int,
-                 epochs: int, metrics: MetricAverage, exchange: GradientExchange | None) -> None:
+    def __init__(self, *, comm: Any, strategy: str, average_every: int, validation: Scored | None, eval_batch: int,
+                 epochs: int, metrics: MetricAverage, exchange: TensorExchange | None) -> None:
         super().__init__()
         self.exchange = exchange
         self.metrics = metrics
         self.recorder = keras.callbacks.LambdaCallback(on_epoch_end=self._record)
-        self._epoch_times = [0.0, 0.0, 0.0, 0.0]
+        self._epoch_times = [0.0, 0.0, 0.0, 0.0, 0.0]
         # Rank 0 publishes the global loss curve to the notebook each epoch (mpinb.live.watch draws
         # it while the cell runs); a no-op under plain mpiexec.
         self.progress = Progress("loss", total=epochs, comm=comm, min_interval=0.0)
         self.comm = comm
         self.strategy = strategy
         self.average_every = average_every
-        self.validation_data = validation_data
+        self.validation = validation
         self.eval_batch = eval_batch
         self.history: dict[str, Any] = {"epoch": [], "steps": [], "rank_loss": [], "compute_seconds": [],
-                                        "comm_seconds": [], "wait_seconds": []}
+                                        "comm_seconds": [], "wait_seconds": [], "rows_used": []}
         self._since_average = 0
         self._t0 = 0.0
         self._at_begin = np.zeros(2)  # the exchange's (comm, wait) seconds at epoch begin
@@ -55,6 +54,8 @@ class FitLoop(keras.callbacks.Callback):
         self._steps_done = 0
         self._weights_times = np.zeros(2)
         self._at_begin = self._exchange_times()
+        if self.exchange is not None:
+            self.exchange.refresh_statistics()  # the epoch-end average is where a guarded step returns to
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
@@ -70,22 +71,27 @@ class FitLoop(keras.callbacks.Callback):
             self._average_weights()
         wall = time.perf_counter() - self._t0
         comm_s, wait_s = self._exchange_times() - self._at_begin + self._weights_times
-        self._epoch_times = [wall - comm_s, comm_s, wait_s, float(self._steps_done)]
+        self._epoch_times = [wall - comm_s, comm_s, wait_s, float(self._steps_done), self._rows_seen()]
+
+    def _rows_seen(self) -> float:
+        """The rows this rank's training steps took this epoch, as Keras counted them: its loss
+        tracker is a mean weighted by each batch's rows (``nan`` where there is none)."""
+        tracker = next((m for m in self.model.metrics if m.name == "loss" and hasattr(m, "count")), None)
+        return float("nan") if tracker is None else float(np.asarray(tracker.count))
 
     def _record(self, epoch: int, logs: dict | None) -> None:
         """After SyncNonTrainable and MetricAverage: exact validation, the history, live progress."""
         logs = logs if logs is not None else {}
-        if self.validation_data is not None:
-            xv, yv = self.validation_data
-            scores = global_evaluate(self.model, xv, yv, length(xv), self.eval_batch, self.comm)
+        if self.validation is not None:
+            scores = global_evaluate(self.model, self.validation, self.eval_batch, self.comm)
             logs.update({f"val_{k}": v for k, v in scores.items()})
         times = gather_rows(np.array([self._epoch_times]), root=None, comm=self.comm)
         h = self.history
         h["epoch"].append(int(epoch))
         h["steps"].append(int(times[0, 3]))
-        ranks = self.metrics.rank_logs
-        if ranks and "loss" in ranks[0]:
-            h["rank_loss"].append([r["loss"] for r in ranks])
+        for name in self.metrics.rank_logs[0] if self.metrics.rank_logs else ():
+            h.setdefault(f"rank_{name}", []).append([r[name] for r in self.metrics.rank_logs])
+        h["rows_used"].append([int(t) if np.isfinite(t) else None for t in times[:, 4]])
         h["compute_seconds"].append([float(t) for t in times[:, 0]])
         h["comm_seconds"].append([float(t) for t in times[:, 1]])
         h["wait_seconds"].append([float(t) for t in times[:, 2]])

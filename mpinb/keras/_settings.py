@@ -8,6 +8,7 @@ from typing import Any
 import keras
 
 from mpinb._checks import check_int
+from mpinb._training.plan import SHARDS
 from mpinb.keras._inputs import Stream
 
 __all__ = ["FitSettings"]
@@ -30,11 +31,25 @@ class FitSettings:
     verbose: Any
     steps_per_epoch: int | None
     accumulate_steps: int | None
+    shards: str | None = None
+
+    def shards_for(self, stream: Stream | None) -> str:
+        """The plan this fit runs: proportional for in-memory arrays under the gradient strategy
+        unless asked otherwise; equal for pipelines (their batches are their own) and weights."""
+        if self.shards is not None:
+            return self.shards
+        return "proportional" if stream is None and self.strategy == "gradients" else "equal"
 
     def check(self, size: int, callbacks: list[Any], stream: Stream | None) -> None:
         """Local checks, with the messages users see on every rank."""
         if self.steps_per_epoch is not None:
             check_int(self.steps_per_epoch, "steps_per_epoch", minimum=1)
+        if self.shards is not None and self.shards not in SHARDS:
+            raise ValueError(f"shards must be 'proportional' or 'equal'; got {self.shards!r}.")
+        if self.shards == "proportional" and (stream is not None or self.strategy != "gradients"):
+            what = f"x is a {stream.kind}" if stream is not None else "strategy='weights'"
+            raise ValueError(f"shards='proportional' needs in-memory arrays and strategy='gradients'; here {what}: "
+                             "use shards='equal' (each rank's batches count alike).")
         if stream is not None:
             if self.batch_size is not None:
                 raise ValueError(
@@ -42,7 +57,7 @@ class FitSettings:
                     "data (the global batch is their sum)."
                 )
         else:
-            self._check_batch_size(size)
+            self._check_batch_size(size, self.shards_for(stream) == "equal")
         check_int(self.epochs, "epochs", minimum=0)
         if self.strategy not in _STRATEGIES:
             raise ValueError(f"strategy must be 'gradients' or 'weights'; got {self.strategy!r}.")
@@ -58,18 +73,18 @@ class FitSettings:
         if self.resume and self.checkpoint is None:
             raise ValueError("resume=True needs checkpoint='path.keras' to resume from.")
 
-    def _check_batch_size(self, size: int) -> None:
+    def _check_batch_size(self, size: int, equal: bool) -> None:
         if self.batch_size is None:
             raise ValueError("batch_size is required with in-memory arrays: the global batch over all ranks.")
         check_int(self.batch_size, "batch_size", minimum=1, unit="(the global batch over all ranks)")
-        if self.batch_size % size:
+        if equal and self.batch_size % size:
             lower = max(size, self.batch_size // size * size)
             raise ValueError(
-                f"batch_size is the global batch and must be a multiple of the number of ranks ({size}); "
-                f"got {self.batch_size}. Use {lower} or {lower + size}."
+                f"batch_size is the global batch and must be a multiple of the number of ranks ({size}) with "
+                f"shards='equal'; got {self.batch_size}. Use {lower} or {lower + size}."
             )
 
     def agreed(self) -> tuple:
         """What :func:`check_same` compares across ranks (verbosity is rank 0's business)."""
         return (self.batch_size, self.epochs, self.strategy, self.average_every, self.shuffle, self.seed,
-                self.checkpoint, self.resume, self.steps_per_epoch, self.accumulate_steps)
+                self.checkpoint, self.resume, self.steps_per_epoch, self.accumulate_steps, self.shards)

@@ -63,8 +63,10 @@ class MetricAverage(keras.callbacks.Callback):
 
     Collective. Put it first in ``callbacks`` so that EarlyStopping, ReduceLROnPlateau and
     checkpoints see the same global numbers on every rank and decide the same way. With the same
-    number of steps and the same per-rank batch size on every rank (what ``mpinb.keras.fit``
-    runs), the mean of per-rank means is the global mean; for exact metrics over uneven shards use
+    number of steps and the same per-rank batch size on every rank, the mean of per-rank means is
+    the global mean; with ``weights`` (what ``mpinb.keras.fit`` sets with proportional shards:
+    each rank's rows that epoch) the weighted mean, which for metrics that are means over rows
+    (loss, accuracy) is the global one. For exact metrics of any kind over uneven shards use
     :func:`mpinb.keras.evaluate`. Ranks whose logs have different names raise
     :class:`~mpinb.CollectiveMismatchError` on every rank.
 
@@ -72,18 +74,21 @@ class MetricAverage(keras.callbacks.Callback):
     ----------
     rank_logs : list of dict
         After each epoch, every rank's own logs before averaging, in rank order (``fit`` keeps
-        their ``loss`` as the history's ``rank_loss``).
+        each one as the history's ``rank_<name>``).
+    weights : list of float, optional
+        One weight per rank for the mean (``None``: a plain mean).
     """
 
     def __init__(self, *, comm: Any = None) -> None:
         super().__init__()
         self.comm = default_comm(comm)
         self.rank_logs: list[dict[str, float]] = []
+        self.weights: list[float] | None = None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is None:
             return
-        means, self.rank_logs = gather_logs(logs, comm=self.comm)
+        means, self.rank_logs = gather_logs(logs, comm=self.comm, weights=self.weights)
         # Keras hands the same dict to the callbacks that follow, so update it in place.
         logs.update(means)
 
@@ -94,15 +99,17 @@ class SyncNonTrainable(keras.callbacks.Callback):
     Collective. Each rank's BatchNorm layers see only its own batches, so their moving mean and
     variance drift apart; ``BatchNormalization(synchronized=True)`` does nothing outside
     ``tf.distribute``. Averaging at epoch end makes them identical on every rank before evaluation
-    and checkpoints.
+    and checkpoints. With ``share`` (this rank's rows over all rows, what ``mpinb.keras.fit`` sets
+    with proportional shards) the mean is weighted by rows.
     """
 
     def __init__(self, *, comm: Any = None) -> None:
         super().__init__()
         self.comm = default_comm(comm)
+        self.share: float | None = None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        sync_non_trainable(self.model, comm=self.comm)
+        sync_non_trainable(self.model, comm=self.comm, share=self.share)
 
 
 class LearningRateWarmup(keras.callbacks.Callback):
@@ -198,7 +205,7 @@ class StopOnInterrupt(keras.callbacks.Callback):
 
     Collective. Put it **last** in ``callbacks``. While training runs, SIGINT only sets a
     :class:`~mpinb.interrupt.StopFlag`. With a ``DistributedOptimizer`` the vote rides in the
-    gradient buffer (no extra message): every rank learns after the same step that some rank asked
+    gradient exchange's arrival (no extra message): every rank learns after the same step that some rank asked
     to stop, and stops there. With any other optimizer one three-number Allreduce per step decides.
     A stop requested locally by another callback mid-epoch (``TerminateOnNaN`` seeing this rank's
     loss) takes effect on all ranks one step later; at epoch end one small Allreduce agrees.
@@ -306,11 +313,12 @@ def broadcast_state(model: Any, *, root: int = 0, comm: Any = None) -> None:
         v.assign(value)
 
 
-def sync_non_trainable(model: Any, *, comm: Any = None) -> None:
-    """Average the model's floating-point non-trainable variables over ranks. Collective."""
+def sync_non_trainable(model: Any, *, comm: Any = None, share: float | None = None) -> None:
+    """Average the model's floating-point non-trainable variables over ranks (weighted, with
+    ``share`` this rank's weight over all ranks' weights). Collective."""
     comm = default_comm(comm)
     variables = [v for v in model.non_trainable_variables if np.dtype(str(v.dtype)).kind == "f"]
     if comm.Get_size() == 1 or not variables:
         return
-    for v, value in zip(variables, average_arrays([v.numpy() for v in variables], comm=comm)):
+    for v, value in zip(variables, average_arrays([v.numpy() for v in variables], comm=comm, share=share)):
         v.assign(value)

@@ -2,36 +2,95 @@
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from mpinb._checks import check_int, default_comm
 from mpinb._training.averaging import sum_arrays
-from mpinb.agreement import raise_together
+from mpinb.agreement import check_same, raise_together
 from mpinb.comm import allreduce
 from mpinb.keras._arrays import check_xy, dummy_row
+from mpinb.keras._inputs import Stream, as_stream
 
-__all__ = ["evaluate", "global_evaluate"]
+__all__ = ["Scored", "evaluate", "global_evaluate", "scored", "validation_rows"]
 
 
-def evaluate(model: Any, x: Any, y: Any, *, batch_size: int = 32, comm: Any = None) -> dict[str, float]:
+@dataclass(frozen=True)
+class Scored:
+    """This rank's rows to score: arrays ``x, y`` (``rows`` of them), or a pipeline (``stream``)
+    read for ``steps`` batches (``None``: to its end)."""
+
+    x: Any = None
+    y: Any = None
+    rows: int | None = None
+    stream: Stream | None = None
+    steps: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return "arrays" if self.stream is None else self.stream.kind
+
+
+def scored(x: Any, y: Any, steps: int | None, xname: str = "x", yname: str = "y",
+           steps_name: str = "steps") -> Scored:
+    """``x, y`` (arrays, or a pipeline and ``y=None``) checked as rows to score. Local."""
+    stream = as_stream(x)
+    if stream is None:
+        if steps is not None:
+            raise ValueError(f"{steps_name}= is for a pipeline; with arrays every row is scored.")
+        return Scored(x, y, check_xy(x, y, xname, yname))
+    if y is not None:
+        raise ValueError(f"{yname} must be None when {xname} is a {stream.kind}: it yields (x, y) batches.")
+    if steps is not None:
+        check_int(steps, steps_name, minimum=1)
+    elif stream.batches_per_epoch() is None and stream.kind != "generator":
+        raise ValueError(f"{xname} is a {stream.kind} of unknown or infinite length on this rank; pass {steps_name}= "
+                         "(this rank's batches to score).")
+    return Scored(stream=stream, steps=steps)
+
+
+def validation_rows(data: Any, steps: int | None) -> Scored:
+    """fit's ``validation_data`` checked: a pair of arrays, or a pipeline (a generator only with
+    ``validation_steps``). Local."""
+    if as_stream(data) is not None:
+        if as_stream(data).kind == "generator" and steps is None:
+            raise ValueError("a generator as validation_data would be used up by the first epoch; pass "
+                             "validation_steps= (this rank's batches scored each epoch).")
+        return scored(data, None, steps, "validation_data", "y", "validation_steps")
+    if not isinstance(data, (tuple, list)) or len(data) != 2 or as_stream(data[0]) is not None:
+        raise TypeError("validation_data must be a pair (x_val, y_val) of this rank's validation rows, or a "
+                        "pipeline (tf.data.Dataset, keras.utils.PyDataset or generator) of this rank's batches.")
+    return scored(*data, steps, "validation_data[0]", "validation_data[1]", "validation_steps")
+
+
+def evaluate(model: Any, x: Any, y: Any = None, *, batch_size: int = 32, steps: int | None = None,
+             comm: Any = None) -> dict[str, float]:
     """Exact global metrics of a compiled model over test shards of any sizes.
 
     Collective. Each rank evaluates its own rows; then every metric's state variables (totals and
     counts, confusion counts, ...) are summed over ranks before the results are read, so the numbers
-    equal one process evaluating all rows, even when shards are uneven or some are empty. (Averaging
-    per-rank results would weight small shards too much.) Metrics whose state does not add up
-    across rows, such as a running maximum, are not supported.
+    equal one process evaluating all rows, even when shards are uneven or some are empty: weighted
+    by rows, not by ranks or batches. (Averaging per-rank results would weight small shards too
+    much.) Metrics whose state does not add up across rows, such as a running maximum, are not
+    supported.
 
     Parameters
     ----------
     model : keras.Model
         Compiled; the same on every rank.
-    x, y : array_like
-        This rank's rows; zero rows are fine as long as some rank has rows.
+    x, y : array_like, or a data pipeline and None
+        This rank's rows; zero rows are fine as long as some rank has rows. Or, with ``y=None``, a
+        pipeline yielding this rank's batches ``(x, y)`` or ``(x, y, sample_weight)``: a
+        ``tf.data.Dataset``, a ``keras.utils.PyDataset`` or a Python generator (each rank's of its
+        own length; all of it is scored, or ``steps`` batches).
     batch_size : int, default 32
-        Rows per evaluation batch on each rank (affects speed, not the result).
+        Rows per evaluation batch on each rank, for arrays (affects speed, not the result).
+    steps : int, optional
+        Batches of this rank's pipeline to score; required where its length is unknown or
+        infinite (a generator is otherwise read to its end).
     comm : mpi4py.MPI.Comm, optional
         Defaults to ``MPI.COMM_WORLD``.
 
@@ -48,23 +107,30 @@ def evaluate(model: Any, x: Any, y: Any, *, batch_size: int = 32, comm: Any = No
     comm = default_comm(comm)
     with raise_together(comm=comm):
         check_int(batch_size, "batch_size", minimum=1)
-        n_local = check_xy(x, y, "x", "y")
+        data = scored(x, y, steps)
         if not getattr(model, "compiled", False):
             raise ValueError("evaluate needs a compiled model: call model.compile(loss=..., metrics=...) first.")
-    (total,) = allreduce([np.int64(n_local)], comm=comm)
-    if total == 0:
-        raise ValueError("evaluate got no rows on any rank; pass each rank's test shard.")
-    return global_evaluate(model, x, y, n_local, batch_size, comm)
+    check_same(data.stream is None, "whether evaluate's x is arrays or a pipeline", comm=comm)
+    if data.stream is None:
+        (total,) = allreduce([np.int64(data.rows)], comm=comm)
+        if total == 0:
+            raise ValueError("evaluate got no rows on any rank; pass each rank's test shard.")
+    return global_evaluate(model, data, batch_size, comm)
 
 
-def global_evaluate(model: Any, x: Any, y: Any, n_local: int, batch_size: int, comm: Any) -> dict[str, float]:
+def global_evaluate(model: Any, data: Scored, batch_size: int, comm: Any) -> dict[str, float]:
     """Collective: every metric's state summed over ranks, read, then this rank's own put back."""
-    if n_local > 0:
-        model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
+    if data.stream is not None:
+        with warnings.catch_warnings():
+            # A rank whose pipeline is empty scores nothing; Keras warns that it "ran out of data".
+            warnings.filterwarnings("ignore", message=".*ran out of data")
+            model.evaluate(data.stream.evaluation_input(data.steps), steps=data.steps, verbose=0, return_dict=True)
+    elif data.rows > 0:
+        model.evaluate(data.x, data.y, batch_size=batch_size, verbose=0, return_dict=True)
     else:
         # Metric variables are created on the first update; an empty shard evaluates one dummy row
         # so its metrics have the same layout as everyone else's, then zeroes their state.
-        model.evaluate(dummy_row(x), dummy_row(y), verbose=0, return_dict=True)
+        model.evaluate(dummy_row(data.x), dummy_row(data.y), verbose=0, return_dict=True)
         for m in model.metrics:
             m.reset_state()
     variables = list(model.metrics_variables)

@@ -22,8 +22,10 @@ def DistributedOptimizer(optimizer: Any, *, accumulate_steps: int = 1, comm: Any
     model with the same number of steps (``mpinb.keras.fit`` guarantees this). The hook is
     ``optimizer.apply``, which Keras's ``fit``, ``train_on_batch`` and custom loops calling
     ``apply_gradients`` all reach; inside it one ``tf.numpy_function`` packs all gradients into one
-    buffer, multiplying each by ``1 / size`` as it is copied in, and calls ``comm.Allreduce`` once:
-    the sum of the scaled gradients is their mean, so nothing is divided afterwards. (Half-precision
+    buffer, multiplying each by this rank's share of the global batch as it is copied in (``1 /
+    size``, or under ``mpinb.keras.fit`` with proportional shards the step's local rows over the
+    global batch), and sums once: the sum of the scaled gradients is the mean over the global
+    batch, so nothing is divided afterwards. (Half-precision
     gradients are packed and summed in float32; on one rank the hook does nothing.)
 
     The wrapper is a subclass of the optimizer's class with the same name and module, built from the
@@ -123,6 +125,7 @@ class _AllreduceGradients:
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         grads = list(grads)
+        self._mpinb_exchange.keep_statistics()
         if grads and self._mpinb_exchange.accumulate > 1:
             return self._mpinb_accumulate(grads, trainable_variables)
         if grads:
@@ -137,14 +140,18 @@ class _AllreduceGradients:
         ex = self._mpinb_exchange
         variables = list(trainable_variables) if trainable_variables is not None else _compat.built_for(self)
         sums, count = ex.sums_for(variables)
+        # Each micro-step's mean gradient weighted by its share of the update's rows (1/n with equal
+        # batches); multiply_no_nan: a micro-step without rows here (weight 0) adds nothing, even
+        # the NaN an empty batch's BatchNorm makes.
+        weight = tf.numpy_function(ex.micro_weight, [], tf.float32, stateful=True, name="mpinb_micro_weight")
         for g, s in zip(grads, sums):
             if g is not None:
-                s.assign_add(tf.cast(tf.convert_to_tensor(g), s.dtype))
+                s.assign_add(tf.math.multiply_no_nan(tf.cast(tf.convert_to_tensor(g), s.dtype), tf.cast(weight, s.dtype)))
         count.assign_add(1)
         n = ex.accumulate
 
         def update() -> Any:
-            means = [None if g is None else tf.cast(s / n, g.dtype) for g, s in zip(grads, sums)]
+            means = [None if g is None else tf.cast(s, g.dtype) for g, s in zip(grads, sums)]
             super(_AllreduceGradients, self).apply(ex.average(means), variables)  # type: ignore[misc]
             for s in sums:
                 s.assign(tf.zeros_like(s))
@@ -166,6 +173,30 @@ class TensorExchange(GradientExchange):
     def __init__(self, comm: Any, *, accumulate: int = 1, check_finite: bool = True) -> None:
         super().__init__(comm, accumulate=accumulate, check_finite=check_finite)
         self._sums: dict[tuple, tuple[list[Any], Any]] = {}
+        self._kept: list[tuple[Any, Any]] = []  # (statistic, its value after the last step)
+
+    def keep_statistics_of(self, variables: list[Any]) -> None:
+        """Guard ``variables`` (BatchNorm moving statistics) against a step without rows on this
+        rank: the mean and variance of an empty batch are NaN, so such a step leaves them as they
+        were. Local; the guard is part of the traced step (retrace after changing it), and
+        :meth:`refresh_statistics` must follow any change made outside the steps."""
+        import tensorflow as tf
+
+        self._kept = [(v, tf.Variable(v, trainable=False, dtype=v.dtype)) for v in variables]
+
+    def refresh_statistics(self) -> None:
+        """Take the guarded statistics' current values as the ones to go back to. Local."""
+        for v, kept in self._kept:
+            kept.assign(v)
+
+    def keep_statistics(self) -> None:
+        """Inside the traced step, after the forward pass: a non-finite statistic (this step had no
+        rows here) goes back to its value after the last step; the others are kept for the next."""
+        import tensorflow as tf
+
+        for v, kept in self._kept:
+            v.assign(tf.where(tf.math.is_finite(v), v, kept))
+            kept.assign(v)
 
     def sums_for(self, variables: list[Any]) -> tuple[list[Any], Any]:
         """Gradient sums for ``variables`` and the micro-step counter, made on first use.

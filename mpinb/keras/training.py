@@ -1,4 +1,4 @@
-"""`fit` over sharded data: equal steps on every rank, global logs, joint stops, exact validation.
+"""`fit` over sharded data: every row once per epoch (or equal steps), global logs, joint stops, exact validation.
 
 fit is plain ``model.fit`` driven by mpinb's collective callbacks; the steps below set it up.
 """
@@ -31,6 +31,7 @@ from mpinb.keras.callbacks import (
     StopOnInterrupt,
     SyncNonTrainable,
 )
+from mpinb.keras.evaluation import Scored, validation_rows
 from mpinb.keras.optimizer import DistributedOptimizer, TensorExchange, exchange_of, is_distributed
 
 __all__ = ["fit"]
@@ -48,7 +49,9 @@ def fit(
     epochs: int = 1,
     steps_per_epoch: int | None = None,
     accumulate_steps: int | None = None,
-    validation_data: tuple[Any, Any] | None = None,
+    validation_data: Any = None,
+    validation_steps: int | None = None,
+    shards: str | None = None,
     strategy: str = "gradients",
     average_every: int = 1,
     shuffle: bool = True,
@@ -63,16 +66,22 @@ def fit(
 
     Collective: every rank calls it with its own ``x, y`` and the same other arguments. The result
     does not depend on the number of ranks beyond float round-off: ``batch_size`` is the *global*
-    batch, split into ``batch_size // n_ranks`` rows per rank, and with ``strategy="gradients"``
-    one step on N ranks computes the same update as one step on the concatenated batch in one
-    process.
+    batch, and with ``strategy="gradients"`` one step on N ranks computes the same update as one
+    step on the same global batch in one process.
 
-    Every rank runs the same number of steps per epoch (the fewest full per-rank batches any rank
-    holds; the rest of each shard is left out that epoch, a different part each epoch when
-    shuffling), so uneven shards never hang a collective. Rank 0's initial weights are broadcast,
-    epoch logs are global (averaged in sorted key order before any callback sees them),
-    validation metrics are exact over uneven shards, BatchNorm statistics are averaged each epoch,
-    and any stop (EarlyStopping, Ctrl-C, a NaN loss) happens on every rank at the same step.
+    By default (``shards="proportional"``) every rank uses each of its rows once per epoch, as Keras
+    does in one process, however uneven the shards: each step's global batch of ``batch_size`` rows
+    (the epoch's last one the remainder) is split over the ranks in proportion to their rows, and
+    each rank's gradient counts by its local batch, so a rank with three times the rows takes three
+    times the rows each step and weighs three times more; a rank with no rows in a step (or none
+    at all) joins the exchange with weight 0. ``shards="equal"`` keeps every rank's batch the same
+    (``batch_size // n_ranks``) and runs the fewest full per-rank batches any rank holds, leaving
+    the rest of each larger shard out that epoch (a different part each epoch when shuffling), as
+    Horovod does. Either way every rank runs the same number of steps, so uneven shards never hang
+    a collective. Rank 0's initial weights are broadcast, epoch logs are global (weighted by each
+    rank's rows, in sorted key order, before any callback sees them), validation metrics are exact
+    over uneven shards, BatchNorm statistics (per local batch) are averaged each epoch weighted by
+    rows, and any stop (EarlyStopping, Ctrl-C, a NaN loss) happens on every rank at the same step.
 
     Parameters
     ----------
@@ -85,25 +94,39 @@ def fit(
         averages end on execution boundaries (N is lowered for this fit, with a warning, when it
         does not divide them), and a stop takes effect at the end of an execution.
     x, y : array_like, or a data pipeline and None
-        This rank's training rows (arrays, or a list/dict of arrays for multi-input models); or,
+        This rank's training rows (arrays, or a list/dict of arrays for multi-input models; a
+        ``scipy.sparse`` matrix for ``x``, as Keras accepts, is fed as sparse batches); or,
         with ``y=None``, a pipeline yielding this rank's batches ``(x, y)`` or ``(x, y,
         sample_weight)``: a ``tf.data.Dataset`` (see :func:`mpinb.data.shard_files` and
         :func:`mpinb.data.shard_dataset`), a ``keras.utils.PyDataset`` (read in index order,
         ``on_epoch_end`` called after each epoch, no worker processes) or a Python generator.
         Every rank runs the same number of steps per epoch: ``steps_per_epoch``, or the fewest
         batches one pass of any rank's pipeline yields; a finite pipeline starts a new pass each
-        epoch, an infinite ``tf.data`` one continues. Each rank's gradient counts equally, so give
-        every rank batches of one size (``drop_remainder=True``) for the mean over the global batch.
+        epoch, an infinite ``tf.data`` one continues. Each rank's gradient counts equally
+        (``shards="equal"``), so give every rank batches of one size (``drop_remainder=True``) for
+        the mean over the global batch.
     batch_size : int
-        Global batch size: rows per step summed over ranks; a multiple of the number of ranks.
-        Required with arrays; omitted with a pipeline (its batches are the per-rank batches).
+        Global batch size: rows per step summed over ranks (with ``shards="equal"`` a multiple of
+        the number of ranks). Required with arrays; omitted with a pipeline (its batches are the
+        per-rank batches).
     epochs : int, default 1
     steps_per_epoch : int, optional
         Steps per epoch on every rank. Required for a generator and for an infinite or
-        unknown-length pipeline; with arrays, at most the full per-rank batches every rank holds.
-    validation_data : (x_val, y_val), optional
-        This rank's validation shard (may be empty on some ranks); scored exactly each epoch as
-        ``val_*`` logs.
+        unknown-length pipeline; with arrays, at most the steps of the plan (the first ones run).
+    validation_data : (x_val, y_val) or a data pipeline, optional
+        This rank's validation shard (may be empty on some ranks), or a pipeline of this rank's
+        validation batches (a ``tf.data.Dataset``, ``keras.utils.PyDataset`` or generator, as for
+        ``x``); scored exactly over every rank's rows each epoch (weighted by rows, as one process
+        on all of them) as ``val_*`` logs.
+    validation_steps : int, optional
+        Batches of this rank's validation pipeline scored each epoch; required where its length is
+        unknown or infinite, and for a generator (which each epoch continues).
+    shards : {"proportional", "equal"}, optional
+        How uneven shards of in-memory arrays share each step (see above). ``"proportional"`` (the
+        default for arrays with ``strategy="gradients"``): every row once per epoch, local batches
+        proportional to each rank's rows, gradients and logs weighted by them. ``"equal"`` (the
+        only plan for pipelines, whose batches are their own, and for ``strategy="weights"``): the
+        same local batch on every rank, the fewest full batches any rank holds.
     strategy : {"gradients", "weights"}, default "gradients"
         ``"gradients"``: gradients averaged every step (one fused Allreduce). ``"weights"``: each
         rank takes local steps and weights plus optimizer state are averaged every
@@ -118,8 +141,8 @@ def fit(
     accumulate_steps : int, optional
         Gradient accumulation (strategy ``"gradients"``): each rank sums this many steps' gradients
         before one exchange and one update, which equals one step on the N times larger batch
-        with N times fewer exchanges (for memory-bound batches, or slow networks). It must divide
-        the steps per epoch. By default what the ``DistributedOptimizer`` was made with (1).
+        with N times fewer exchanges (for memory-bound batches, or slow networks); with
+        proportional shards each micro-step counts by its rows. It must divide the steps per epoch. By default what the ``DistributedOptimizer`` was made with (1).
     callbacks : list of keras.callbacks.Callback, optional
         They receive global epoch logs (this is also the hook for live progress plots). fit is
         plain ``model.fit`` driven by mpinb's collective callbacks (:class:`BroadcastInitialState`,
@@ -141,8 +164,9 @@ def fit(
     -------
     dict
         Identical on every rank. ``"epoch"`` (0-based), every global metric (``"loss"``,
-        ``"val_loss"``, ...) as lists over epochs, ``"rank_loss"`` (per epoch, each rank's own
-        training loss), ``"compute_seconds"`` and ``"comm_seconds"`` (per epoch, per rank; the
+        ``"val_loss"``, ...) as lists over epochs, ``"rank_<name>"`` for every training metric
+        (``"rank_loss"``, ``"rank_accuracy"``, ...: per epoch, each rank's own value over its own
+        rows), ``"rows_used"`` (per epoch, the rows each rank trained on), ``"compute_seconds"`` and ``"comm_seconds"`` (per epoch, per rank; the
         latter waiting included), ``"wait_seconds"`` (the part of ``comm_seconds`` spent waiting for
         the slowest rank: load imbalance, not data transfer),
         ``"steps"`` per epoch, and ``"params"``.
@@ -150,8 +174,8 @@ def fit(
     Raises
     ------
     ValueError
-        Bad arguments or data (``len(x) != len(y)``, a shard with fewer rows than one per-rank
-        batch, NaN inputs), on every rank, before training.
+        Bad arguments or data (``len(x) != len(y)``, no rows on any rank, with ``shards="equal"`` a
+        shard with fewer rows than one per-rank batch, NaN inputs), on every rank, before training.
     CollectiveMismatchError
         The model or the arguments differ across ranks.
     FloatingPointError
@@ -175,17 +199,18 @@ def fit(
     # raising on one rank while the others wait in a collective.
     settings = FitSettings(batch_size, epochs, strategy, average_every, bool(shuffle), seed,
                             None if checkpoint is None else os.fspath(checkpoint), bool(resume), verbose,
-                            steps_per_epoch, accumulate_steps)
+                            steps_per_epoch, accumulate_steps, shards)
     with stopper.flag:
-        return _fit(model, x, y, validation_data, settings, user_callbacks, stopper, comm)
+        return _fit(model, x, y, (validation_data, validation_steps), settings, user_callbacks, stopper, comm)
 
 
 def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings, user_callbacks: list[Any],
          stopper: StopOnInterrupt, comm: Any) -> dict[str, Any]:
     s = settings
     stream = as_stream(x)
-    n_local = _check_inputs(model, x, y, validation_data, s, user_callbacks, stream, comm)
-    plan = _plan_batches(model, x, n_local, stream, s.steps_per_epoch, s.batch_size, comm)
+    n_local, validation = _check_inputs(model, x, y, validation_data, s, user_callbacks, stream, comm)
+    shards = s.shards_for(stream)
+    plan = _plan_batches(model, x, n_local, stream, s.steps_per_epoch, s.batch_size, shards, comm)
     seed = s.seed if s.seed is not None else on_root(lambda: secrets.randbits(62), comm=comm)
     _share_cores(comm)
     exchange = _prepare_optimizer(model, s.strategy, comm)
@@ -199,8 +224,8 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings
     applied = _applied_callbacks(user_callbacks, comm)
     applied[BroadcastInitialState].broadcast(model)
     loop = FitLoop(
-        comm=comm, strategy=s.strategy, average_every=s.average_every, validation_data=validation_data,
-        eval_batch=max(plan.per_rank or 0, 32), epochs=s.epochs, metrics=applied[MetricAverage], exchange=exchange,
+        comm=comm, strategy=s.strategy, average_every=s.average_every, validation=validation,
+        eval_batch=max(plan.per_rank or -(-(s.batch_size or 0) // comm.Get_size()), 32), epochs=s.epochs, metrics=applied[MetricAverage], exchange=exchange,
     )
     stopper.raise_errors = False
     callbacks = _ordered_callbacks(loop, applied, user_callbacks, s.checkpoint, stopper, comm)
@@ -208,18 +233,19 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings
     per_execution = _execution_steps(requested, plan.steps, s, comm)
     history = loop.history
     history["params"] = {
-        "batch_size": s.batch_size, "per_rank_batch": plan.per_rank, "steps_per_epoch": plan.steps,
+        "batch_size": s.batch_size, "per_rank_batch": plan.largest_local_batch, "steps_per_epoch": plan.steps,
         "ranks": comm.Get_size(), "strategy": s.strategy, "average_every": s.average_every, "seed": int(seed),
         "shuffle": bool(s.shuffle), "rows_per_rank": None if plan.counts is None else list(plan.counts),
         "initial_epoch": initial_epoch, "epochs": s.epochs, "steps_per_execution": per_execution,
-        "input": "arrays" if stream is None else stream.kind, "accumulate_steps": accumulate,
+        "input": "arrays" if stream is None else stream.kind, "accumulate_steps": accumulate, "shards": shards,
     }
     if initial_epoch < s.epochs:
         if stream is None:
             data = _arrays.dataset(x, y, n_local, plan, initial_epoch, s.epochs, seed, comm.Get_rank(), s.shuffle)
         else:
             data = stream.feed(plan.steps, s.epochs - initial_epoch)
-        with _this_fit(model, exchange, accumulate, per_execution, requested, stopper):
+        with _this_fit(model, exchange, accumulate, per_execution, requested, stopper), \
+                _weighted_by_rows(model, plan if shards == "proportional" else None, exchange, applied, comm):
             model.fit(
                 data,
                 epochs=s.epochs,
@@ -233,11 +259,12 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings
     return history
 
 
-def _check_inputs(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings, callbacks: list[Any],
-                  stream: Stream | None, comm: Any) -> int | None:
+def _check_inputs(model: Any, x: Any, y: Any, validation_data: tuple[Any, int | None], settings: FitSettings,
+                  callbacks: list[Any], stream: Stream | None, comm: Any) -> tuple[int | None, Scored | None]:
     """Every check before training, raised together on every rank; returns this rank's rows
-    (``None`` for a pipeline). Collective."""
-    n_local = None
+    (``None`` for a pipeline) and its validation rows. Collective."""
+    n_local, validation = None, None
+    data, steps = validation_data
     with raise_together(comm=comm):
         settings.check(comm.Get_size(), callbacks, stream)
         if stream is None:
@@ -245,28 +272,26 @@ def _check_inputs(model: Any, x: Any, y: Any, validation_data: Any, settings: Fi
             _arrays.check_finite_inputs(x, y)
         elif y is not None:
             raise ValueError(f"y must be None when x is a {stream.kind}: it yields (x, y) batches.")
-        if validation_data is not None:
-            if (not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2
-                    or as_stream(validation_data[0]) is not None):
-                raise TypeError("validation_data must be a pair (x_val, y_val) of this rank's validation rows, as "
-                                "arrays (scored exactly over uneven shards); a pipeline is not accepted there.")
-            _arrays.check_xy(*validation_data, "validation_data[0]", "validation_data[1]")
+        if data is not None:
+            validation = validation_rows(data, steps)
+        elif steps is not None:
+            raise ValueError("validation_steps needs validation_data.")
         _check_model(model, settings.strategy)
     check_same(
-        (*settings.agreed(), validation_data is None, None if stream is None else stream.kind),
+        (*settings.agreed(), None if validation is None else validation.kind, None if stream is None else stream.kind),
         "fit()'s arguments (batch_size, epochs, strategy, average_every, shuffle, seed, checkpoint, resume, "
-        "steps_per_epoch, accumulate_steps, validation, kind of x)",
+        "steps_per_epoch, accumulate_steps, shards, kind of validation_data, kind of x)",
         comm=comm,
     )
-    return n_local
+    return n_local, validation
 
 
 def _plan_batches(model: Any, x: Any, n_local: int | None, stream: Stream | None, requested: int | None,
-                  batch_size: int | None, comm: Any) -> BatchPlan:
+                  batch_size: int | None, shards: str, comm: Any) -> BatchPlan:
     """The steps every rank runs per epoch (collective); builds a model that has no weights yet."""
     if stream is None:
-        plan = plan_arrays(n_local, batch_size, requested, comm=comm)
-        first = lambda: _arrays.take(x, np.arange(min(1, n_local)))  # noqa: E731
+        plan = plan_arrays(n_local, batch_size, requested, comm=comm, shards=shards)
+        first = lambda: _arrays.take(x, np.arange(min(1, n_local)), dense=True)  # noqa: E731
     else:
         plan = plan_stream(stream.batches_per_epoch(), stream.kind, requested, comm=comm)
         first = stream.first_inputs
@@ -388,6 +413,40 @@ def _this_fit(model: Any, exchange: TensorExchange | None, accumulate: int, per_
             _compat.retrace(model)
         if per_execution != requested:
             _compat.set_steps_per_execution(model, requested)
+
+
+@contextmanager
+def _weighted_by_rows(model: Any, plan: BatchPlan | None, exchange: TensorExchange | None,
+                      applied: dict[type, Any], comm: Any) -> Iterator[None]:
+    """With proportional shards, while ``model.fit`` runs: gradients weighted by each step's local
+    batch, epoch logs and BatchNorm statistics by each rank's rows, and statistics kept through the
+    steps where this rank has no rows."""
+    if plan is None:
+        yield
+        return
+    rank = comm.Get_rank()
+    rows = [plan.rows_used(r) for r in range(comm.Get_size())]
+    applied[MetricAverage].weights = rows
+    applied[SyncNonTrainable].share = rows[rank] / sum(rows)
+    guard = []
+    if exchange is not None:
+        # Also on one rank: accumulated micro-steps count by their rows (the epoch's last is smaller).
+        exchange.weigh_by_rows(plan.local_sizes(rank), plan.sizes.sum(axis=1))
+        if plan.local_sizes(rank).min() == 0:  # never on one rank
+            guard = [v for v in model.non_trainable_variables if np.dtype(str(v.dtype)).kind == "f"]
+    if guard:
+        exchange.keep_statistics_of(guard)
+        _compat.retrace(model)
+    try:
+        yield
+    finally:
+        applied[MetricAverage].weights = None
+        applied[SyncNonTrainable].share = None
+        if exchange is not None:
+            exchange.weigh_by_rows(None, None)
+            if guard:
+                exchange.keep_statistics_of([])
+                _compat.retrace(model)
 
 
 def _raise_if_stopped(stopper: StopOnInterrupt, history: dict[str, Any]) -> None:

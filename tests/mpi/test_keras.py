@@ -99,7 +99,7 @@ def test_uneven_digits_run_the_same_steps_everywhere(digits):
     X, y = digits  # 1,797 rows: uneven shards at 2 and 4 ranks
     Xl, yl = mpinb.shard(X, y)
     counter = CountBatches()
-    history = mk.fit(mlp(2), Xl, yl, batch_size=32, epochs=2, seed=5, callbacks=[counter], verbose=0)
+    history = mk.fit(mlp(2), Xl, yl, batch_size=32, epochs=2, seed=5, callbacks=[counter], shards="equal", verbose=0)
     per_rank = 32 // SIZE
     expected = min((hi - lo) // per_rank for lo, hi in (mpinb.shard_bounds(len(X), rank=r, size=SIZE) for r in range(SIZE)))
     assert_same_everywhere(counter.batches)
@@ -330,7 +330,13 @@ def test_empty_shard_on_one_rank(digits):
     if RANK == SIZE - 1:
         Xl, yl = Xl[:0], yl[:0]
     with raises_everywhere(ValueError, match="fewer than one per-rank batch"):
-        mk.fit(mlp(12), Xl, yl, batch_size=32, epochs=1, verbose=0)
+        mk.fit(mlp(12), Xl, yl, batch_size=32, epochs=1, shards="equal", verbose=0)
+
+
+def test_no_rows_on_any_rank(digits):
+    X, y = digits
+    with raises_everywhere(ValueError, match="no rank holds any training rows"):
+        mk.fit(mlp(12), X[:0], y[:0], batch_size=32, epochs=1, verbose=0)
 
 
 @pytest.mark.parametrize("batch_size", [0, -4])
@@ -529,7 +535,11 @@ def test_fit_uses_the_collective_callbacks_it_is_given_and_never_drops_them(digi
     history = mk.fit(model, Xl, yl, batch_size=64, epochs=2, callbacks=[average], verbose=0)
     assert len(average.rank_logs) == SIZE
     assert history["rank_loss"][-1] == [r["loss"] for r in average.rank_logs]
-    assert history["loss"][-1] == pytest.approx(np.mean([r["loss"] for r in average.rank_logs]), rel=1e-12)
+    # Weighted by each rank's rows (proportional shards): a rank with more rows counts more.
+    rows = history["rows_used"][-1]
+    assert rows == COMM.allgather(len(Xl))
+    expected = np.dot([r["loss"] for r in average.rank_logs], rows) / sum(rows)
+    assert history["loss"][-1] == pytest.approx(expected, rel=1e-12)
 
 
 def test_fit_refuses_two_of_a_callback_it_applies(digits):

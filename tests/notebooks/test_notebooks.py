@@ -119,13 +119,28 @@ def test_03_sharded_keras() -> None:
         {"n_engines": 2, "epochs": epochs, "cnn_epochs": 5, "global_batch": 64, "n_files": 5},
         ["test_accuracy", "weights_accuracy", "live_epochs", "checksums", "reload_accuracy",
          "checkpoint_accuracy", "naive", "cnn_weights", "cnn_losses", "cnn_val_accuracy",
-         "files_by_rank", "batches_by_rank", "data_dir", "files_weights", "files_losses", "files_steps"],
+         "files_by_rank", "batches_by_rank", "data_dir", "files_weights", "files_losses", "files_steps",
+         "uneven_bounds", "history_u"],
     )
     assert got["test_accuracy"] > 0.9
     assert abs(got["weights_accuracy"] - got["test_accuracy"]) < 0.05
     assert got["live_epochs"] == epochs
     assert len(got["checksums"]) == 2 and got["checksums"][0] == got["checksums"][1], got["checksums"]
     assert got["reload_accuracy"] == pytest.approx(got["checkpoint_accuracy"], abs=1e-6)
+    # Uneven shards (1:2 on two ranks): the bounds cover the training split once, and every rank
+    # trained on each of its rows once per epoch, in ceil(rows / global batch) steps.
+    from mpinb.data import load_digits
+
+    n_train = len(load_digits(test_size=0.25, random_state=0, shard=False)[0])
+    (lo0, hi0), (lo1, hi1) = got["uneven_bounds"]
+    assert lo0 == 0 and hi0 == lo1 and hi1 == n_train and abs(2 * (hi0 - lo0) - (hi1 - lo1)) <= 2
+    held = [hi0 - lo0, hi1 - lo1]
+    h = got["history_u"]
+    assert h["rows_used"] == [held] * 3
+    assert h["steps"] == [math.ceil(n_train / 64)] * 3
+    # Global logs weighted by rows: the larger shard counts twice as much.
+    np.testing.assert_allclose(np.asarray(h["rank_accuracy"]) @ held / n_train, h["accuracy"], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(h["rank_loss"]) @ held / n_train, h["loss"], rtol=1e-6)
     # Conv2D + BatchNorm + Dropout: bit-identical weights and moving statistics on both ranks, and it learned.
     first, second = got["cnn_weights"]
     assert first.size > 1000 and np.array_equal(first, second)

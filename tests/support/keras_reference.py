@@ -12,7 +12,8 @@ import numpy as np
 
 import mpinb
 
-__all__ = ["relative_error", "sharded_order", "sharded_reference", "weights_of"]
+__all__ = ["proportional_batches", "proportional_reference", "relative_error", "sharded_order", "sharded_reference",
+           "weights_of"]
 
 
 def weights_of(model) -> np.ndarray:
@@ -94,6 +95,68 @@ def sharded_reference(model, X, y, per_rank: int, epochs: int, size: int, *,
             model.optimizer.apply_gradients(zip([g / size for g in grads], model.trainable_variables))
         losses.append(total / (steps * size))
     for v, s in zip(counters, states[0]):
+        v.assign(s)
+    return losses
+
+
+def proportional_batches(shards: Sequence[np.ndarray], batch_size: int) -> list[list[np.ndarray]]:
+    """What each rank trains on at each step with proportional shards, unshuffled: ``[step][rank]``
+    the global rows rank r takes at step k (the next ``sizes[k, r]`` of its shard ``shards[r]``)."""
+    from mpinb._training.plan import proportional_sizes
+
+    sizes = proportional_sizes([len(s) for s in shards], batch_size)
+    ends = np.cumsum(sizes, axis=0)
+    return [[shards[r][ends[k, r] - sizes[k, r]:ends[k, r]] for r in range(len(shards))] for k in range(len(sizes))]
+
+
+def proportional_reference(model, X, y, batches: Sequence[Sequence[np.ndarray]], epochs: int) -> list[float]:
+    """One process doing what the ranks do with proportional shards and BatchNorm, step by step.
+
+    At step k rank r's local batch ``batches[k][r]`` is normalised with its own statistics; the
+    gradient is the mean over the global batch, ``sum_r (b_r / B) g_r``; each rank's moving
+    statistics follow its own non-empty batches (a step without rows leaves them unchanged), and at
+    each epoch end every rank takes their mean weighted by each rank's rows that epoch. Returns
+    the per-epoch mean loss over all rows (what fit reports). Integer state (Dropout seeds) is not
+    simulated: use a model without it.
+    """
+    import keras
+    import tensorflow as tf
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    moving = [v for v in model.non_trainable_variables if _is_float(v)]
+    if len(moving) != len(model.non_trainable_variables):
+        raise ValueError("proportional_reference simulates floating-point state only (no Dropout seeds).")
+    size = len(batches[0])
+    rows = np.array([sum(len(step[r]) for step in batches) for r in range(size)], dtype=np.float64)
+    held = [[v.numpy() for v in moving] for _ in range(size)]
+
+    @tf.function(reduce_retracing=True)
+    def forward_backward(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    losses = []
+    for _ in range(epochs):
+        total = 0.0
+        for step in batches:
+            global_batch = sum(len(b) for b in step)
+            grads = None
+            for r, idx in enumerate(step):
+                if len(idx) == 0:
+                    continue
+                for v, s in zip(moving, held[r]):
+                    v.assign(s)
+                loss, g = forward_backward(tf.constant(X[idx]), tf.constant(y[idx]))
+                share = len(idx) / global_batch
+                grads = [a * share for a in g] if grads is None else [a + b * share for a, b in zip(grads, g)]
+                held[r] = [v.numpy() for v in moving]
+                total += float(loss) * len(idx)
+            model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        merged = [np.sum([held[r][i] * rows[r] for r in range(size)], axis=0) / rows.sum() for i in range(len(moving))]
+        held = [list(merged) for _ in range(size)]
+        losses.append(total / rows.sum())
+    for v, s in zip(moving, held[0]):
         v.assign(s)
     return losses
 

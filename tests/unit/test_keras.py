@@ -249,7 +249,10 @@ def test_learning_rate_warmup_ramps_linearly():
         ({"batch_size": 32, "resume": True}, ValueError, "resume=True needs checkpoint"),
         ({"batch_size": 32, "epochs": -1}, ValueError, "epochs must be a non-negative integer"),
         ({"batch_size": 32, "callbacks": ["x"]}, TypeError, "callbacks must be keras.callbacks.Callback"),
-        ({"batch_size": 512}, ValueError, "fewer than one per-rank batch of 512"),
+        ({"batch_size": 512, "shards": "equal"}, ValueError, "fewer than one per-rank batch of 512"),
+        ({"batch_size": 32, "shards": "rows"}, ValueError, "shards must be 'proportional' or 'equal'"),
+        ({"batch_size": 32, "strategy": "weights", "shards": "proportional"}, ValueError,
+         "needs in-memory arrays and strategy='gradients'"),
     ],
 )
 def test_fit_argument_errors(kwargs, error, match):
@@ -287,3 +290,60 @@ def test_evaluate_matches_keras_and_rejects_no_rows():
         np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-6)
     with pytest.raises(ValueError, match="no rows on any rank"):
         mk.evaluate(model, X[:0], y[:0], comm=SELF)
+
+
+def test_a_scipy_sparse_matrix_trains_like_its_dense_rows():
+    sparse = pytest.importorskip("scipy.sparse")
+    X, y = data()
+    X = np.where(X > 0.5, X, 0).astype(np.float32)
+    a, b = mlp(keras.optimizers.SGD(0.1)), mlp(keras.optimizers.SGD(0.1))
+    b.set_weights(a.get_weights())
+    ha = mk.fit(a, sparse.csr_matrix(X), y, batch_size=64, epochs=2, shuffle=False, verbose=0, comm=SELF)
+    hb = mk.fit(b, X, y, batch_size=64, epochs=2, shuffle=False, verbose=0, comm=SELF)
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ha["loss"], hb["loss"], rtol=1e-5)
+    assert ha["rows_used"] == [[len(X)], [len(X)]]
+    scores = mk.evaluate(a, sparse.csr_matrix(X), y, comm=SELF)
+    np.testing.assert_allclose(scores["loss"], a.evaluate(X, y, verbose=0, return_dict=True)["loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["tf.data", "PyDataset", "generator"])
+def test_evaluate_and_validation_take_pipelines(kind):
+    import tensorflow as tf
+
+    X, y = data()
+    model = mlp()
+    model.fit(X, y, batch_size=32, epochs=1, verbose=0)
+
+    class Rows(keras.utils.PyDataset):
+        def __len__(self):
+            return -(-len(X) // 24)
+
+        def __getitem__(self, i):
+            return X[i * 24:(i + 1) * 24], y[i * 24:(i + 1) * 24]
+
+    def make():
+        if kind == "tf.data":
+            return tf.data.Dataset.from_tensor_slices((X, y)).batch(24), None
+        if kind == "PyDataset":
+            return Rows(), None
+        return ((X[i:i + 24], y[i:i + 24]) for _ in range(9) for i in range(0, len(X), 24)), -(-len(X) // 24)
+
+    theirs = model.evaluate(X, y, batch_size=64, verbose=0, return_dict=True)
+    data_, steps = make()
+    ours = mk.evaluate(model, data_, steps=steps, comm=SELF)
+    for k in theirs:
+        np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-6)
+    history = mk.fit(model, X, y, batch_size=64, epochs=2, validation_data=make()[0], validation_steps=steps,
+                     verbose=0, comm=SELF)
+    assert len(history["val_loss"]) == 2
+
+
+def test_pipeline_arguments_for_validation_and_evaluate_are_checked():
+    X, y = data()
+    model = mlp()
+    with pytest.raises(ValueError, match="would be used up by the first epoch; pass validation_steps="):
+        mk.fit(model, X, y, batch_size=64, validation_data=((X, y) for _ in range(3)), verbose=0, comm=SELF)
+    with pytest.raises(ValueError, match="y must be None when x is a generator"):
+        mk.evaluate(model, ((X, y) for _ in range(3)), y, comm=SELF)

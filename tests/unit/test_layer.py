@@ -90,11 +90,11 @@ def test_layout_packs_one_buffer_per_dtype_in_first_appearance_order() -> None:
     assert back[1].ndim == 0 and np.shares_memory(back[2], packed[0])
 
 
-def test_aligned_layout_starts_every_array_on_the_boundary_and_keeps_room_for_votes() -> None:
+def test_aligned_layout_starts_every_array_on_the_boundary() -> None:
     from mpinb._layout import Layout
 
-    plan = Layout([(3,), (5,), (2,)], [np.float32, np.float64, np.float32], align=64, extra=3)
+    plan = Layout([(3,), (5,), (2,)], [np.float32, np.float64, np.float32], align=64)
     assert plan.slots == ((0, 0, 3), (1, 0, 5), (0, 16, 18))
-    assert plan.lengths == (21, 5)
+    assert plan.lengths == (18, 5)
     with pytest.raises(ValueError, match="tight"):
         plan.pack([np.zeros(3, np.float32), np.zeros(5), np.zeros(2, np.float32)])

@@ -131,6 +131,17 @@ def test_plot_loss_reads_a_keras_history_object() -> None:
     assert ax.get_ylabel() == "accuracy"
 
 
+def test_plot_loss_draws_any_metric_per_rank_and_names_the_logged_ones() -> None:
+    accuracy = [[0.5 + 0.1 * e + 0.01 * r for r in range(3)] for e in range(3)]
+    history = {"epoch": [0, 1, 2], "steps": [4, 4, 4], "loss": LOSS, "accuracy": [0.6, 0.7, 0.8],
+               "val_accuracy": [0.55, 0.65, 0.75], "rank_loss": RANK_LOSS, "rank_accuracy": accuracy}
+    lines = _lines(plot_loss(history, "accuracy"))
+    assert sorted(lines) == ["rank 0", "rank 1", "rank 2", "train", "validation"]
+    np.testing.assert_array_equal(lines["rank 2"].get_ydata(), np.asarray(accuracy)[:, 2])
+    with pytest.raises(ValueError, match=r"'auc' was not logged; the metrics logged are \['accuracy', 'loss'\]"):
+        plot_loss(history, "auc")
+
+
 def test_plot_loss_per_rank_false_and_given_axes() -> None:
     fig, ax = plt.subplots()
     ax.plot([0, 1], [5, 5], label="already there")

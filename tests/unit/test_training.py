@@ -13,7 +13,8 @@ from support.counting import count_calls
 from mpinb import _layout
 from mpinb._training import packing
 from mpinb._training.checkpoint import save_atomically, saved_epoch
-from mpinb._training.plan import epoch_batches, steps_per_epoch, steps_per_execution
+from mpinb._training.exchange import GradientExchange
+from mpinb._training.plan import epoch_batches, proportional_sizes, steps_per_epoch, steps_per_execution
 from mpinb._training.stopping import JointStop
 from mpinb.interrupt import StopFlag
 
@@ -50,23 +51,54 @@ def test_packer_reuses_idle_buffers_and_never_overwrites_live_views(monkeypatch,
     allocations = count_calls(monkeypatch, _layout, "_BufferSet")
     grads = (np.ones((3, 5), np.float32), np.full(7, 2.0, np.float32), np.arange(4.0))
     packer = packing.Packer(grads)
-    first = packer.fill(grads, 0.5, (1.0, 0.0))
+    first, finite = packer.fill(grads, 0.5)
+    assert finite
     views = packer.unpack(first)
     assert all(v.ctypes.data % 64 == 0 for v in views)  # TensorFlow wraps aligned arrays without a copy
     np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
     np.testing.assert_array_equal(views[2], np.arange(4.0) / 2)
-    assert first[0][-3:].tolist() == [1.0, 0.0, 0.0]  # votes ride at the end of the first buffer
-    second = packer.fill(grads, 0.25, (0.0, 0.0))  # `views` still alive: a new set of buffers
+    assert sum(b.size for b in first) == packer.plan.lengths[0] + packer.plan.lengths[1]  # no room for votes: they ride in the arrival
+    second, _ = packer.fill(grads, 0.25)  # `views` still alive: a new set of buffers
     assert second[0].ctypes.data != first[0].ctypes.data
     np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
     del views
     packer.unpack(second)  # dropped at once, like a step's views once TensorFlow is done with them
-    packer.fill(grads, 1.0, (0.0, 0.0))  # everything released: an old set is reused
+    packer.fill(grads, 1.0)  # everything released: an old set is reused
     assert len(allocations) == 2
     for bad in (np.nan, np.inf, -np.inf):
         broken = (grads[0], np.array([1, 2, bad, 4, 5, 6, 7], np.float32), grads[2])
-        assert packer.fill(broken, 1.0, (0.0, 0.0))[0][-1] == 1.0  # this rank's non-finite vote
-    assert packer.fill(grads, 1.0, (0.0, 1.0))[0][-3:].tolist() == [0.0, 1.0, 0.0]
+        assert not packer.fill(broken, 1.0)[1]  # this rank's non-finite vote
+        # A rank without rows in the step sends zeros, and its empty batch's NaN does not vote.
+        bufs, finite = packer.fill(broken, 0.0)
+        assert finite and all(not b.any() for b in bufs)
+
+
+@pytest.mark.parametrize(("counts", "batch"), [((100, 200, 300), 64), ((1, 300, 299), 64), ((0, 250, 350), 64),
+                                             ((600,), 64), ((3, 0, 2), 2), ((7, 7, 7, 7), 28), ((5, 9), 100)])
+def test_proportional_sizes_use_every_row_once_in_global_batches_split_by_share(counts, batch):
+    sizes = proportional_sizes(counts, batch)
+    total = sum(counts)
+    assert sizes.shape == (-(-total // batch), len(counts)) and (sizes >= 0).all()
+    np.testing.assert_array_equal(sizes.sum(axis=0), counts)  # every row of every rank, once
+    assert (sizes.sum(axis=1)[:-1] == batch).all() and 0 < sizes.sum(axis=1)[-1] <= batch  # Keras's last batch
+    share = np.outer(sizes.sum(axis=1), counts) / total
+    assert np.abs(sizes - share).max() < 1 + 1e-9  # each rank's share of each step, within one row
+    np.testing.assert_array_equal(sizes, proportional_sizes(list(counts), batch))  # a pure function
+
+
+def test_the_exchange_weighs_each_rank_by_its_rows_and_takes_votes_from_the_arrival():
+    from mpi4py import MPI
+
+    ex = GradientExchange(MPI.COMM_SELF)
+    ex.weigh_by_rows(np.array([3, 0, 2]), np.array([4, 4, 2]))
+    np.testing.assert_array_equal(ex.reduce(np.ones(3))[0], np.full(3, 0.75))  # scaled by b_r / B before the sum
+    ex.votes = (1.0, 0.0)
+    np.testing.assert_array_equal(ex.reduce(np.array([np.nan, 1.0, 1.0]))[0], np.zeros(3))  # no rows here: zeros
+    assert ex.take_votes() == (True, False, False)  # the interrupt arrived; a weight-0 NaN does not vote
+    ex.votes = (0.0, 1.0)
+    assert ex.reduce(np.array([np.inf, 1.0, 1.0]))[0][1] == 1.0
+    assert ex.take_votes() == (False, True, True)
+    assert ex.take_votes() == (False, False, False)
 
 
 def test_joint_stop_keeps_the_first_reason_and_raises_it():

@@ -18,13 +18,13 @@ _RANK_ALPHA = 0.8
 _MAX_RANK_ENTRIES = 10
 
 
-def plot_loss(history: Any, *, ax: Any = None, metric: str = "loss", per_rank: bool = True) -> Any:
+def plot_loss(history: Any, metric: str = "loss", *, ax: Any = None, per_rank: bool = True) -> Any:
     """Plot the global training and validation curves, with each rank's own curve as a thinner line.
 
     Client. The global curves (``history[metric]`` and ``history["val_" + metric]``) are drawn in
     black, thick and on top (validation dashed), with epochs on the x axis starting at 1; each rank's
     per-epoch value (``history["rank_" + metric]``, epochs x ranks, as ``mpinb.keras.fit`` records
-    ``"rank_loss"``) is drawn as a thinner line in a colour of its own, labelled ``"rank r"`` (past
+    ``"rank_loss"``, ``"rank_accuracy"``, ... for every metric) is drawn as a thinner line in a colour of its own, labelled ``"rank r"`` (past
     10 ranks the legend has one entry for all of them). A rank whose line strays from the others
     has a data shard that differs (harder examples, a different class balance) — with gradient
     averaging the model is the same on every rank, so only the data can make the per-rank losses
@@ -67,9 +67,11 @@ def plot_loss(history: Any, *, ax: Any = None, metric: str = "loss", per_rank: b
     h = _history_dict(history)
     val_key, rank_key = "val_" + metric, "rank_" + metric
     if metric not in h and val_key not in h:
+        logged = sorted({k[4:] if k.startswith("val_") else k for k in h if _is_metric(h, k)})
         raise ValueError(
-            f"The history has no {metric!r} or {val_key!r} values; its keys are {sorted(h)}. "
-            "Pass metric= one of those."
+            f"The history has no {metric!r} or {val_key!r} values; its keys are {sorted(h)}. {metric!r} was "
+            f"not logged; the metrics logged are {logged}: pass metric= one of those, or compile the model "
+            f"with metrics=[{metric!r}] to log it."
         )
     # Read and check every series before drawing, so bad input leaves no half-drawn figure behind.
     train = _series(h, metric, ndim=1) if metric in h else None
@@ -250,6 +252,16 @@ def _epoch_numbers(h: Mapping[str, Any], n: int) -> np.ndarray:
     if epoch is not None and epoch.shape == (n,) and np.all(np.isfinite(epoch)):
         return epoch.astype(np.int64) + 1
     return np.arange(1, n + 1)
+
+
+def _is_metric(h: Mapping[str, Any], key: str) -> bool:
+    """Whether ``h[key]`` is a logged metric: one number per epoch, not a per-rank table or bookkeeping."""
+    if key in ("epoch", "steps") or key.startswith("rank_") or not isinstance(key, str):
+        return False
+    try:
+        return np.asarray(h[key], dtype=np.float64).ndim == 1
+    except (ValueError, TypeError):
+        return False
 
 
 def _nonempty(h: Mapping[str, Any], key: str) -> bool:
