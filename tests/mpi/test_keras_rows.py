@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from keras_reference import proportional_batches, proportional_reference, relative_error, weights_of
+from support.keras_reference import proportional_batches, proportional_reference, relative_error, weights_of
 from mpi4py import MPI
-from mpitools import assert_everywhere, assert_same_everywhere
+from support.mpitools import assert_everywhere, assert_same_everywhere
 
 keras = pytest.importorskip("keras")
 mk = pytest.importorskip("mpinb.keras")
