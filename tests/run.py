@@ -44,7 +44,7 @@ VENV = ROOT / ".venv"
 TIERS = ("unit", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser")
 MPI_SIZES = (1, 2, 3, 4)
 # Hard limits: a hung collective ends the run instead of eating CI's budget.
-TIER_TIMEOUT = {"unit": 600, "mpi": 480, "cluster": 600, "multihost": 300, "slurm": 300, "notebooks": 900,
+TIER_TIMEOUT = {"unit": 600, "mpi": 600, "cluster": 600, "multihost": 300, "slurm": 300, "notebooks": 900,
                 "browser": 300}
 PER_TEST_TIMEOUT = 180
 

@@ -27,11 +27,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def sim():
     """Three simulated hosts, host1..host3, for the whole tier; afterwards nothing of them may remain."""
+    before = netsim.mpi_leftovers()
     hosts = netsim.SimulatedHosts(3)
     # The host map, for the launcher wrapper in the processes this test process starts (mpiexec
     # directly or through ipyparallel).
     with hosts, netsim.session_environment(hosts.env()):
         yield hosts
+    # Ranks and Hydra proxies on the simulated hosts end with their hosts, before MPI finalizes.
+    netsim.remove_orphans(before)
     left = hosts.leftovers()
     assert not left, f"the simulated hosts left behind: {left}"
 

@@ -309,37 +309,40 @@ def skip_tier_unless(items: list, folder: Path, tier: str, unavailable) -> None:
         item.add_marker(pytest.mark.skip(reason=f"{tier} tier: {reason}"))
 
 
-def shared_memory_segments() -> set[str]:
-    """MPI's shared-memory segments in /dev/shm now (MPICH's and UCX's)."""
-    try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith(("mpich_shm_", "ucx_shm"))}
-    except OSError:
-        return set()
+def mpi_leftovers() -> set[str]:
+    """What a killed MPI world can leave on this machine now: MPICH's and UCX's segments in /dev/shm
+    and Hydra's topology files in /tmp (full paths)."""
+    found: set[str] = set()
+    for folder, prefixes in (("/dev/shm", ("mpich_shm_", "ucx_shm")), ("/tmp", ("hydra_hwloc_xmlfile_",))):
+        try:
+            found.update(f"{folder}/{n}" for n in os.listdir(folder) if n.startswith(prefixes))
+        except OSError:
+            continue
+    return found
 
 
-def remove_orphan_segments(before: set[str] | None) -> list[str]:
-    """Remove the segments that appeared since ``before`` and that no process maps or holds open;
-    returns their names. Used where this tier's own jobs were killed before MPI finalized."""
+def remove_orphans(before: set[str] | None) -> list[str]:
+    """Remove what appeared since ``before`` (see :func:`mpi_leftovers`) and that no process maps or
+    holds open; returns the paths. For the tiers whose ranks on simulated hosts, or Slurm jobs, are
+    killed before MPI finalizes: their files are on this machine, but no cluster of this host owns them."""
     if before is None:
         return []
-    new = shared_memory_segments() - before
+    new = mpi_leftovers() - before
     if not new:
         return []
     used: set[str] = set()
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             with open(f"/proc/{pid}/maps") as fh:
-                used.update(line.rsplit("/", 1)[-1].strip() for line in fh if "/dev/shm/" in line)
+                used.update(line.split(maxsplit=5)[-1].strip() for line in fh if "/dev/shm/" in line)
             for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("/dev/shm/"):
-                    used.add(target.rsplit("/", 1)[-1])
-        except OSError:
+                used.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except (OSError, IndexError):
             continue
     removed = sorted(new - used)
-    for name in removed:
+    for path in removed:
         try:
-            os.unlink(f"/dev/shm/{name}")
+            os.unlink(path)
         except OSError:
             pass
     return removed

@@ -96,7 +96,7 @@ class SlurmCluster:
         return {"SLURM_CONF": self.conf, **self.sim.env()}
 
     def start(self) -> SlurmCluster:
-        self._segments_before = netsim.shared_memory_segments()
+        self._mpi_files_before = netsim.mpi_leftovers()
         self.sim.start()
         self.folder = tempfile.mkdtemp(prefix="mpinb-slurm-")
         folder = Path(self.folder)
@@ -143,9 +143,9 @@ class SlurmCluster:
             DAEMON_PIDS.discard(proc.pid)
         self._daemons = []
         self.sim.stop()
-        # What jobs killed by scancel or an owner's death left in /dev/shm (MPI did not finalize):
-        # the segments that appeared meanwhile and that no process uses any more.
-        netsim.remove_orphan_segments(getattr(self, "_segments_before", None))
+        # What jobs killed by scancel or an owner's death left (MPI did not finalize): the segments
+        # and launcher files that appeared meanwhile and that no process uses any more.
+        netsim.remove_orphans(getattr(self, "_mpi_files_before", None))
         if self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)
 
