@@ -11,6 +11,7 @@ import math
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -47,6 +48,7 @@ def run_notebook(name: str, parameters: dict, results: list[str], timeout: int =
         leftovers = processes_marked(marker)
         for proc in leftovers:
             proc.kill()
+        shutil.rmtree(ipython_dir, ignore_errors=True)  # the run's profiles: nothing left in /tmp
         assert not leftovers, f"{name} left {len(leftovers)} process(es) running: {[p.pid for p in leftovers]}"
     try:
         with open(out.name, "rb") as fh:
