@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 # ipyparallel reads IPYTHONDIR when it builds profile paths: set it before any cluster exists so
 # tests never touch (or collide with) the user's profiles.
 _IPYTHONDIR = tempfile.mkdtemp(prefix="mpinb-test-ipython-")
+atexit.register(shutil.rmtree, _IPYTHONDIR, True)  # the tier's profiles: nothing left in /tmp
 os.environ["IPYTHONDIR"] = _IPYTHONDIR
 os.environ.setdefault("IPP_NONINTERACTIVE", "1")
 
