@@ -94,15 +94,32 @@ class ArrayAverager:
         self._packer: Packer | None = None
         self._layout: list[tuple[tuple[int, ...], str]] | None = None
 
-    def average(self, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], float]:
+    def average(self, arrays: Sequence[np.ndarray], rows: float | None = None) -> tuple[list[np.ndarray], float]:
         """Collective. Returns the means (views of the buffer, valid until the next call) and the
-        seconds spent waiting for the slowest rank to arrive."""
+        seconds spent waiting for the slowest rank to arrive.
+
+        With ``rows`` (this rank's rows since the last average), the mean weighted by every rank's
+        rows: each rank scales by its rows and adds them to one extra slot of the same message, and
+        the sum is divided by the slot's total. A rank of 0 rows takes no part, whatever it holds
+        (the NaN statistics of a step without rows included). Where no rank had rows, the plain mean.
+        """
         arrays = tuple(np.asarray(a, order="C") for a in arrays)  # (ascontiguousarray makes 0-d 1-d)
+        if rows is not None:
+            arrays = (*arrays, np.ones(1, dtype=arrays[0].dtype))  # after scaling: this rank's rows
         layout = [(a.shape, a.dtype.str) for a in arrays]
         if layout != self._layout:
             check_same(layout, "the shapes and dtypes of the averaged weights and optimizer state", comm=self.comm)
             self._packer, self._layout = Packer(arrays), layout
         assert self._packer is not None
-        bufs, _ = self._packer.fill(arrays, 1.0 / self.comm.Get_size())
+        bufs, _ = self._packer.fill(arrays, 1.0 / self.comm.Get_size() if rows is None else float(rows))
         op = sum_over_ranks(bufs, self.comm, "fit's weight average")
-        return self._packer.unpack(bufs), op.waited
+        out = self._packer.unpack(bufs)
+        if rows is None:
+            return out, op.waited
+        total = float(out.pop()[0])
+        if total == 0:  # the same on every rank: the sum of every rank's rows
+            again, waited = self.average(arrays[:-1])
+            return again, op.waited + waited
+        for buf in bufs:
+            np.multiply(buf, buf.dtype.type(1.0 / total), out=buf)
+        return out, op.waited

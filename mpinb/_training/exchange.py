@@ -25,7 +25,10 @@ class GradientExchange:
     ``sum_r (b_r / B) g_r``: with :meth:`weigh_by_rows` (every rank's local batch ``b_r`` at every
     step, from the batch plan) each rank scales by ``b_r / B`` before the sum, which is exact and
     costs no extra message; without it by ``1/size`` (equal local batches). A rank with no rows in
-    a step sends zeros.
+    a step sends zeros. With :meth:`weigh_by_batch` the weights come with the step instead (a
+    pipeline's batches are its own): each rank scales by its rows ``b_r`` and adds ``b_r`` to one
+    extra slot of the same buffer, and the sum is divided by the slot's total ``B``, which is
+    exact too and costs no extra message, only one pass over the summed buffer.
 
     The operation's arrival carries three votes, this rank's interrupt, stop and non-finite-gradient
     votes (the last found while packing), so that a collective stop costs no extra message: after
@@ -54,6 +57,7 @@ class GradientExchange:
         self._interrupt = self._stop = self._nonfinite = False
         self._packers: dict[tuple, Packer] = {}
         self._rows: tuple[np.ndarray, np.ndarray] | None = None  # (this rank's, the global) batch per step
+        self.by_batch = False  # each reduce brings this rank's rows (weigh_by_batch)
         self._step = 0  # (micro-)steps taken in this epoch's plan
 
     def weigh_by_rows(self, local: np.ndarray | None, total: np.ndarray | None) -> None:
@@ -62,6 +66,11 @@ class GradientExchange:
         Local: every rank passes its own column of the same plan."""
         self._rows = None if local is None else (np.asarray(local, np.float64), np.asarray(total, np.float64))
         self._step = 0
+
+    def weigh_by_batch(self, on: bool) -> None:
+        """Weight this rank's gradient by the rows of its own batch, given to each :meth:`reduce`
+        as its last array (for a pipeline, whose batches no plan knows). Local."""
+        self.by_batch = bool(on)
 
     def micro_weight(self) -> np.float32:
         """With gradient accumulation: the weight of this micro-step's (local mean) gradient in the
@@ -101,11 +110,22 @@ class GradientExchange:
         Collective; called once per update, on whichever thread the framework runs it.
         """
         t0 = time.perf_counter()
+        rows = None
+        if self.by_batch:
+            # The last array is this rank's rows: of the step's batch (the gradients are its mean),
+            # or with accumulation of the update's micro-steps (the sums come weighted by rows).
+            *means, last = grads
+            rows = float(last)
+            slot = np.full(1, 1.0 if self.accumulate == 1 else rows, dtype=means[0].dtype)
+            grads = (*means, slot)  # after scaling, the slot holds this rank's rows
+            scale = rows if self.accumulate == 1 else 1.0
+        else:
+            scale = self._scale()
         key = tuple((g.shape, g.dtype.str) for g in grads)
         packer = self._packers.get(key)
         if packer is None:
             packer = self._packers[key] = Packer(grads)
-        bufs, finite = packer.fill(grads, self._scale())
+        bufs, finite = packer.fill(grads, scale)
         votes = (*(int(v > 0) for v in self.votes), int(not finite))
         try:
             op = sum_over_ranks(bufs, self.comm, "gradient exchange", votes)
@@ -119,8 +139,14 @@ class GradientExchange:
         self._interrupt |= bool(interrupt)
         self._stop |= bool(stop)
         self._nonfinite |= bool(nonfinite)
+        out = packer.unpack(bufs)
+        if rows is not None:
+            total = float(out.pop()[0])  # the global batch (or the update's rows)
+            if total > 0:  # else no rank had rows: every gradient is zero already
+                for buf in bufs:
+                    np.multiply(buf, buf.dtype.type(1.0 / total), out=buf)
         self.seconds += time.perf_counter() - t0
-        return packer.unpack(bufs)
+        return out
 
     def take_votes(self) -> tuple[bool, bool, bool]:
         """Whether any rank voted (interrupt, stop, non-finite) in the steps reduced since the last

@@ -5,7 +5,9 @@ Every rank must run the same number of steps, or the per-step gradient exchange 
 here are agreed collectively (or every rank raises the same error), the rest is local arithmetic.
 Two plans for in-memory rows: *proportional* (every row once per epoch, each rank's local batch
 proportional to its share of the rows, see :func:`proportional_sizes`) and *equal* (the same
-per-rank batch everywhere, the fewest full batches any rank holds, the rest left out).
+per-rank batch everywhere, the fewest full batches any rank holds, the rest left out). For
+pipelines, whose batches are their own, *proportional* runs as many steps as the longest pipeline
+yields, a rank that has run out taking steps without rows, and *equal* the fewest any yields.
 """
 
 from __future__ import annotations
@@ -40,12 +42,15 @@ SHARDS = ("proportional", "equal")
 class BatchPlan:
     """The steps per epoch every rank runs, and for in-memory rows every rank's row count and
     either the per-rank batch (equal shards) or the local batch of every rank at every step,
-    ``sizes[step, rank]`` (proportional shards). ``None`` for a pipeline, whose batches are its own."""
+    ``sizes[step, rank]`` (proportional shards). For a pipeline, whose batches are its own, the
+    batches each rank's pipeline gives per epoch, ``batches[rank]`` (the rest of the steps it takes
+    without rows)."""
 
     steps: int
     per_rank: int | None = None
     counts: tuple[int, ...] | None = None
     sizes: np.ndarray | None = None
+    batches: tuple[int, ...] | None = None
 
     def local_sizes(self, rank: int) -> np.ndarray | None:
         """This rank's local batch at each step of an epoch (``None``: the pipeline's own batches)."""
@@ -92,10 +97,17 @@ def plan_arrays(n_local: int, batch_size: int, requested: int | None, *, comm: A
     return BatchPlan(steps, per_rank, tuple(int(c) for c in counts))
 
 
-def plan_stream(local: int | None, kind: str, requested: int | None, *, comm: Any) -> BatchPlan:
+def plan_stream(local: int | None, kind: str, requested: int | None, *, comm: Any,
+                shards: str = "equal") -> BatchPlan:
     """The plan for a pipeline of ``kind`` yielding ``local`` batches per pass on this rank (``None``:
-    unknown or infinite): the fewest batches any rank's pipeline yields, or ``requested``.
-    Collective: every rank runs the same steps, or every rank raises."""
+    unknown or infinite). Collective: every rank runs the same steps, or every rank raises.
+
+    ``shards="proportional"``: as many steps as the longest pipeline yields (or ``requested``, at
+    most that), each rank giving its batches then steps without rows; a pipeline of unknown length
+    needs ``requested`` and must yield that many. ``shards="equal"``: the fewest batches any rank's
+    pipeline yields, or ``requested``, which every rank must yield."""
+    if shards == "proportional":
+        return _proportional_stream(local, kind, requested, comm)
     if requested is None:
         check_all(local is not None,
                   f"x is a {kind} of unknown or infinite length on this rank; pass steps_per_epoch= "
@@ -107,6 +119,27 @@ def plan_stream(local: int | None, kind: str, requested: int | None, *, comm: An
               f"this rank's {kind} yields {local} batches per pass, fewer than steps_per_epoch={requested}",
               comm=comm)
     return BatchPlan(requested)
+
+
+def _proportional_stream(local: int | None, kind: str, requested: int | None, comm: Any) -> BatchPlan:
+    if requested is None:
+        check_all(local is not None,
+                  f"x is a {kind} of unknown or infinite length on this rank; pass steps_per_epoch= "
+                  "(the same on every rank), or give it a known length", comm=comm)
+    counts = _collective.allgather(local, comm=comm, name="fit's batches per rank")
+    known = [int(c) for c in counts if c is not None]
+    longest = max(known) if len(known) == len(counts) else None
+    if requested is None:
+        check_all(longest > 0, f"no rank's {kind} yields any batch (batches per rank: {counts})", comm=comm)
+        steps = longest
+    else:
+        # Checked against every rank's known length here, so the same verdict everywhere; the
+        # verdict rides a collective anyway, to keep the sequence of operations data-independent.
+        check_all(longest is None or longest >= requested,
+                  f"steps_per_epoch={requested} is more than the {longest} batches the longest {kind} yields "
+                  f"per pass (batches per rank: {counts})", comm=comm)
+        steps = requested
+    return BatchPlan(steps, batches=tuple(steps if c is None else min(int(c), steps) for c in counts))
 
 
 def proportional_sizes(counts: Sequence[int], batch_size: int) -> np.ndarray:

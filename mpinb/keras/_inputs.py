@@ -4,7 +4,8 @@ Local. Each rank's pipeline yields that rank's batches, ``(x, y)`` or ``(x, y, s
 ``fit`` agrees on the number of steps per epoch collectively, then feeds Keras exactly that many
 batches per epoch, every epoch, so no rank runs out of data while the others wait in the gradient
 exchange (Keras itself would carry a half-read dataset over into the next epoch, and stop the
-rank whose data ends first).
+rank whose data ends first). A rank whose pipeline is shorter than the epoch fills the rest with
+batches of no rows (its first batch's structure, cut to zero rows), which weigh nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Stream", "as_stream"]
+__all__ = ["Stream", "as_numpy", "as_stream", "no_rows"]
 
 
 class Stream:
@@ -38,16 +39,33 @@ class Stream:
         """The inputs of the first batch, to build a model that has no weights yet."""
         return self._first()[0]
 
-    def feed(self, steps: int, epochs: int) -> Any:
-        """What ``model.fit`` gets: exactly ``steps`` batches for each of ``epochs`` epochs."""
+    def empty_batch(self) -> Any:
+        """This rank's first batch cut to zero rows, or ``None`` when its pipeline yields none."""
+        if self.batches_per_epoch() == 0:
+            return None
+        try:
+            return no_rows(self._first())
+        except (StopIteration, ValueError, IndexError):
+            return None
+
+    def feed(self, steps: int, epochs: int, real: int | None = None, empty: Any = None) -> Any:
+        """What ``model.fit`` gets: exactly ``steps`` batches for each of ``epochs`` epochs, the
+        first ``real`` of them (all by default) from the pipeline, the rest ``empty``."""
+        real = steps if real is None else real
         if self.kind == "tf.data.Dataset":
+            import tensorflow as tf
+
             # A finite pass restarts each epoch (re-shuffling where the pipeline shuffles); an
             # infinite one continues, as a user of .repeat() expects.
             if int(self.data.cardinality()) == -1:
                 return self.data.take(steps * epochs)
-            return self.data.take(steps).repeat(epochs)
+            epoch = self.data.take(real)
+            if real < steps:
+                blanks = tf.data.Dataset.from_tensors(empty).repeat(steps - real)
+                epoch = blanks if real == 0 else epoch.concatenate(blanks)
+            return epoch.repeat(epochs)
         if self.kind == "PyDataset":
-            return _pydataset_batches(self.data, steps, epochs)
+            return _pydataset_batches(self.data, steps, epochs, real, empty)
         return _counted(itertools.chain(self._peeked, self.data), steps * epochs)
 
     def evaluation_input(self, steps: int | None) -> Any:
@@ -61,6 +79,20 @@ class Stream:
         self._peeked = []
         # A generator object, as Keras's data adapters want one.
         return (b for b in (batches if steps is None else itertools.islice(batches, steps)))
+
+    def peek(self) -> Any:
+        """The first batch evaluation would read, or ``None`` when the pipeline yields none (a
+        generator keeps it, to hand it over first)."""
+        try:
+            if self.kind == "tf.data.Dataset":
+                return next(iter(self.data.take(1)), None)
+            if self.kind == "PyDataset":
+                return None if self.data.num_batches == 0 else self.data[0]
+            if not self._peeked:
+                self._peeked.append(next(self.data))
+            return self._peeked[0]
+        except StopIteration:
+            return None
 
     def _first(self) -> Any:
         if self.kind == "tf.data.Dataset":
@@ -91,20 +123,52 @@ def as_stream(x: Any) -> Stream | None:
     return None
 
 
-def _pydataset_batches(data: Any, steps: int, epochs: int) -> Iterator[Any]:
+def no_rows(batch: Any) -> Any:
+    """``batch`` (a structure of arrays or tensors) with every leaf cut to zero rows. Local."""
+    import tensorflow as tf
+
+    def cut(leaf: Any) -> Any:
+        if isinstance(leaf, tf.SparseTensor):
+            shape = tf.concat([[0], leaf.dense_shape[1:]], 0)
+            return tf.sparse.slice(leaf, tf.zeros_like(leaf.dense_shape), shape)
+        return leaf[:0]
+
+    return tf.nest.map_structure(cut, batch)
+
+
+def as_numpy(batch: Any) -> Any:
+    """A batch of zero rows as NumPy arrays (dense), to travel to a rank whose pipeline has none."""
+    import numpy as np
+    import tensorflow as tf
+
+    def dense(leaf: Any) -> Any:
+        if isinstance(leaf, tf.SparseTensor):
+            return np.zeros([0, *leaf.shape[1:]], dtype=leaf.dtype.as_numpy_dtype)
+        return np.asarray(leaf)
+
+    return tf.nest.map_structure(dense, batch)
+
+
+def _pydataset_batches(data: Any, steps: int, epochs: int, real: int | None = None, empty: Any = None
+                       ) -> Iterator[Any]:
     # In index order, calling on_epoch_end as Keras would: the PyDataset shuffles itself there.
     # (An infinite PyDataset is indexed on from where the last epoch stopped.) It is called once the
     # epoch's last batch is drawn, before that batch is handed over: after the last yield, code would
     # run only if the consumer asked for one batch more, which TensorFlow's prefetching sometimes
     # does and sometimes not (the last epoch's on_epoch_end went missing in 1 of 2 CI runs).
+    # A shorter one ends its epoch at its own last batch, and gives batches of no rows after it.
+    real = steps if real is None else real
     index = 0
     for _ in range(epochs):
         if data.num_batches is not None:
             index = 0
         for step in range(steps):
-            batch = data[index]
-            index += 1
-            if step == steps - 1:
+            if step < real:
+                batch = data[index]
+                index += 1
+            else:
+                batch = empty
+            if step == max(real, 1) - 1:
                 data.on_epoch_end()
             yield batch
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import keras
 import numpy as np
@@ -46,6 +46,12 @@ class FitLoop(keras.callbacks.Callback):
         self._weights_times = np.zeros(2)  # (comm, wait) seconds of this epoch's weight averages
         self._steps_done = 0
         self._averager = ArrayAverager(comm)
+        # Set by fit on uneven shards: its train step's row counter (mpinb.keras._step.StepRows),
+        # which weighs each weight average by the rows every rank took since the last one; and,
+        # for a pipeline (whose rows no plan knows), what to tell every rank's rows each epoch.
+        self.rows: Any = None
+        self.weigh_epoch: Callable[[list[int]], None] | None = None
+        self._rows_at = [0, 0]  # the counter at this epoch's begin and at the last weight average
 
     def _exchange_times(self) -> np.ndarray:
         return np.zeros(2) if self.exchange is None else self.exchange.times()
@@ -54,8 +60,8 @@ class FitLoop(keras.callbacks.Callback):
         self._steps_done = 0
         self._weights_times = np.zeros(2)
         self._at_begin = self._exchange_times()
-        if self.exchange is not None:
-            self.exchange.refresh_statistics()  # the epoch-end average is where a guarded step returns to
+        if self.rows is not None:
+            self._rows_at = [self.rows.rows()] * 2
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
@@ -69,6 +75,9 @@ class FitLoop(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.strategy == "weights" and self._since_average:
             self._average_weights()
+        if self.weigh_epoch is not None:
+            mine = self.rows.rows() - self._rows_at[0]
+            self.weigh_epoch([int(r) for r in gather_rows(np.array([mine], dtype=np.int64), root=None, comm=self.comm)])
         wall = time.perf_counter() - self._t0
         comm_s, wait_s = self._exchange_times() - self._at_begin + self._weights_times
         self._epoch_times = [wall - comm_s, comm_s, wait_s, float(self._steps_done), self._rows_seen()]
@@ -114,7 +123,11 @@ class FitLoop(keras.callbacks.Callback):
         variables = [v for v in variables if np.dtype(str(v.dtype)).kind == "f"]
         values = [np.asarray(v.numpy(), dtype=np.float32) if np.dtype(str(v.dtype)).itemsize < 4 else v.numpy()
                   for v in variables]
-        averaged, wait = self._averager.average(values)
+        rows = None
+        if self.rows is not None:
+            now = self.rows.rows()
+            rows, self._rows_at[1] = now - self._rows_at[1], now
+        averaged, wait = self._averager.average(values, rows)
         for v, a in zip(variables, averaged):
             v.assign(a.astype(str(v.dtype), copy=False))
         self._since_average = 0

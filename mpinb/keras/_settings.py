@@ -34,11 +34,9 @@ class FitSettings:
     shards: str | None = None
 
     def shards_for(self, stream: Stream | None) -> str:
-        """The plan this fit runs: proportional for in-memory arrays under the gradient strategy
-        unless asked otherwise; equal for pipelines (their batches are their own) and weights."""
-        if self.shards is not None:
-            return self.shards
-        return "proportional" if stream is None and self.strategy == "gradients" else "equal"
+        """The plan this fit runs: proportional (every row once per epoch, weighted by rows) unless
+        asked otherwise, for arrays and pipelines, under either strategy."""
+        return "proportional" if self.shards is None else self.shards
 
     def check(self, size: int, callbacks: list[Any], stream: Stream | None) -> None:
         """Local checks, with the messages users see on every rank."""
@@ -46,10 +44,6 @@ class FitSettings:
             check_int(self.steps_per_epoch, "steps_per_epoch", minimum=1)
         if self.shards is not None and self.shards not in SHARDS:
             raise ValueError(f"shards must be 'proportional' or 'equal'; got {self.shards!r}.")
-        if self.shards == "proportional" and (stream is not None or self.strategy != "gradients"):
-            what = f"x is a {stream.kind}" if stream is not None else "strategy='weights'"
-            raise ValueError(f"shards='proportional' needs in-memory arrays and strategy='gradients'; here {what}: "
-                             "use shards='equal' (each rank's batches count alike).")
         if stream is not None:
             if self.batch_size is not None:
                 raise ValueError(

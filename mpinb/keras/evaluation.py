@@ -6,14 +6,16 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import keras
 import numpy as np
 
+from mpinb import _collective
 from mpinb._checks import check_int, default_comm
 from mpinb._training.averaging import sum_arrays
 from mpinb.agreement import check_same, raise_together
 from mpinb.comm import allreduce
 from mpinb.keras._arrays import check_xy, dummy_row
-from mpinb.keras._inputs import Stream, as_stream
+from mpinb.keras._inputs import Stream, as_numpy, as_stream, no_rows
 
 __all__ = ["Scored", "evaluate", "global_evaluate", "scored", "validation_rows"]
 
@@ -121,18 +123,26 @@ def evaluate(model: Any, x: Any, y: Any = None, *, batch_size: int = 32, steps: 
 def global_evaluate(model: Any, data: Scored, batch_size: int, comm: Any) -> dict[str, float]:
     """Collective: every metric's state summed over ranks, read, then this rank's own put back."""
     if data.stream is not None:
-        with warnings.catch_warnings():
-            # A rank whose pipeline is empty scores nothing; Keras warns that it "ran out of data".
-            warnings.filterwarnings("ignore", message=".*ran out of data")
-            model.evaluate(data.stream.evaluation_input(data.steps), steps=data.steps, verbose=0, return_dict=True)
+        first = data.stream.peek()
+        # Every rank shows the structure of its batches (zero rows of them: a few hundred bytes),
+        # so that a rank whose pipeline is empty can still build the same metric variables.
+        offered = _collective.allgather(None if first is None else as_numpy(no_rows(first)), comm=comm,
+                                        name="evaluate's batch structures")
+        stand_in = next((o for o in offered if o is not None), None)
+        if stand_in is None:  # the same verdict on every rank: every rank saw every offer
+            raise ValueError(f"evaluate got no batch from any rank's {data.stream.kind}; give some rank batches.")
+        if first is not None:
+            with warnings.catch_warnings():
+                # A pipeline shorter than steps= scores what it has; Keras warns that it "ran out of data".
+                warnings.filterwarnings("ignore", message=".*ran out of data")
+                model.evaluate(data.stream.evaluation_input(data.steps), steps=data.steps, verbose=0,
+                               return_dict=True)
+        else:
+            _score_nothing(model, keras.tree.map_structure(_one_zero_row, stand_in))
     elif data.rows > 0:
         model.evaluate(data.x, data.y, batch_size=batch_size, verbose=0, return_dict=True)
     else:
-        # Metric variables are created on the first update; an empty shard evaluates one dummy row
-        # so its metrics have the same layout as everyone else's, then zeroes their state.
-        model.evaluate(dummy_row(data.x), dummy_row(data.y), verbose=0, return_dict=True)
-        for m in model.metrics:
-            m.reset_state()
+        _score_nothing(model, (dummy_row(data.x), dummy_row(data.y)))
     variables = list(model.metrics_variables)
     local = [np.array(v.numpy(), copy=True) for v in variables]
     for v, s in zip(variables, sum_arrays(local, comm=comm)):
@@ -141,3 +151,17 @@ def global_evaluate(model: Any, data: Scored, batch_size: int, comm: Any) -> dic
     for v, mine in zip(variables, local):
         v.assign(mine)  # leave this rank's own state as Keras left it
     return {k: float(np.asarray(results[k])) for k in sorted(results)}
+
+
+def _score_nothing(model: Any, batch: Any) -> None:
+    """Metric variables are created on the first update: a rank without rows evaluates one dummy
+    ``batch`` (``(x, y)`` or ``(x, y, sample_weight)``) so its metrics have the same layout as
+    everyone else's, then zeroes their state."""
+    x, y, weights = keras.utils.unpack_x_y_sample_weight(tuple(batch) if isinstance(batch, list) else batch)
+    model.evaluate(x, y, sample_weight=weights, verbose=0, return_dict=True)
+    for m in model.metrics:
+        m.reset_state()
+
+
+def _one_zero_row(leaf: np.ndarray) -> np.ndarray:
+    return np.zeros((1, *leaf.shape[1:]), dtype=leaf.dtype)

@@ -125,11 +125,11 @@ class _AllreduceGradients:
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         grads = list(grads)
-        self._mpinb_exchange.keep_statistics()
-        if grads and self._mpinb_exchange.accumulate > 1:
+        ex = self._mpinb_exchange
+        if grads and ex.accumulate > 1:
             return self._mpinb_accumulate(grads, trainable_variables)
         if grads:
-            grads = self._mpinb_exchange.average(grads)
+            grads = ex.average(grads, ex.batch_rows())
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
 
     def _mpinb_accumulate(self, grads: list[Any], trainable_variables: Any) -> Any:
@@ -139,11 +139,18 @@ class _AllreduceGradients:
 
         ex = self._mpinb_exchange
         variables = list(trainable_variables) if trainable_variables is not None else _compat.built_for(self)
-        sums, count = ex.sums_for(variables)
-        # Each micro-step's mean gradient weighted by its share of the update's rows (1/n with equal
-        # batches); multiply_no_nan: a micro-step without rows here (weight 0) adds nothing, even
-        # the NaN an empty batch's BatchNorm makes.
-        weight = tf.numpy_function(ex.micro_weight, [], tf.float32, stateful=True, name="mpinb_micro_weight")
+        sums, count, window = ex.sums_for(variables)
+        rows = ex.batch_rows()
+        if rows is None:
+            # Each micro-step's mean gradient weighted by its share of the update's rows (1/n with
+            # equal batches).
+            weight = tf.numpy_function(ex.micro_weight, [], tf.float32, stateful=True, name="mpinb_micro_weight")
+        else:
+            # Weighted by its rows; the exchange divides by the update's rows over every rank.
+            weight = rows
+            window.assign_add(rows)
+        # multiply_no_nan: a micro-step without rows here (weight 0) adds nothing, even the NaN an
+        # empty batch's BatchNorm makes.
         for g, s in zip(grads, sums):
             if g is not None:
                 s.assign_add(tf.math.multiply_no_nan(tf.cast(tf.convert_to_tensor(g), s.dtype), tf.cast(weight, s.dtype)))
@@ -152,9 +159,11 @@ class _AllreduceGradients:
 
         def update() -> Any:
             means = [None if g is None else tf.cast(s, g.dtype) for g, s in zip(grads, sums)]
-            super(_AllreduceGradients, self).apply(ex.average(means), variables)  # type: ignore[misc]
+            averaged = ex.average(means, None if rows is None else window.value())
+            super(_AllreduceGradients, self).apply(averaged, variables)  # type: ignore[misc]
             for s in sums:
                 s.assign(tf.zeros_like(s))
+            window.assign(0.0)
             return tf.constant(True)
 
         # The same micro-step on every rank (equal steps per epoch), so every rank exchanges together.
@@ -172,34 +181,24 @@ class TensorExchange(GradientExchange):
 
     def __init__(self, comm: Any, *, accumulate: int = 1, check_finite: bool = True) -> None:
         super().__init__(comm, accumulate=accumulate, check_finite=check_finite)
-        self._sums: dict[tuple, tuple[list[Any], Any]] = {}
-        self._kept: list[tuple[Any, Any]] = []  # (statistic, its value after the last step)
+        self._sums: dict[tuple, tuple[list[Any], Any, Any]] = {}
+        # This rank's rows in the step being traced, handed over by fit's train step wrapper
+        # (mpinb.keras._step) while that step is traced.
+        self.step_rows: Any = None
 
-    def keep_statistics_of(self, variables: list[Any]) -> None:
-        """Guard ``variables`` (BatchNorm moving statistics) against a step without rows on this
-        rank: the mean and variance of an empty batch are NaN, so such a step leaves them as they
-        were. Local; the guard is part of the traced step (retrace after changing it), and
-        :meth:`refresh_statistics` must follow any change made outside the steps."""
-        import tensorflow as tf
+    def batch_rows(self) -> Any:
+        """The traced step's rows when gradients are weighted by them as the step runs
+        (:meth:`weigh_by_batch`), else ``None``."""
+        if not self.by_batch:
+            return None
+        if self.step_rows is None:
+            raise RuntimeError("the gradient exchange weighs by each step's rows, but this step was not traced "
+                               "by mpinb.keras.fit's train step; call the optimizer from fit.")
+        return self.step_rows
 
-        self._kept = [(v, tf.Variable(v, trainable=False, dtype=v.dtype)) for v in variables]
-
-    def refresh_statistics(self) -> None:
-        """Take the guarded statistics' current values as the ones to go back to. Local."""
-        for v, kept in self._kept:
-            kept.assign(v)
-
-    def keep_statistics(self) -> None:
-        """Inside the traced step, after the forward pass: a non-finite statistic (this step had no
-        rows here) goes back to its value after the last step; the others are kept for the next."""
-        import tensorflow as tf
-
-        for v, kept in self._kept:
-            v.assign(tf.where(tf.math.is_finite(v), v, kept))
-            kept.assign(v)
-
-    def sums_for(self, variables: list[Any]) -> tuple[list[Any], Any]:
-        """Gradient sums for ``variables`` and the micro-step counter, made on first use.
+    def sums_for(self, variables: list[Any]) -> tuple[list[Any], Any, Any]:
+        """Gradient sums for ``variables``, the micro-step counter and the rows summed since the
+        last update (weighing by batch), made on first use.
 
         Plain TensorFlow variables, not optimizer state: between updates they hold a partial sum
         that no checkpoint or broadcast should carry (``fit`` ends every epoch on an update)."""
@@ -211,11 +210,14 @@ class TensorExchange(GradientExchange):
                 dtype = tf.float32 if v.dtype in (tf.float16, tf.bfloat16, "float16", "bfloat16") else v.dtype
                 return tf.Variable(tf.zeros(v.shape, dtype=dtype), trainable=False)
 
-            self._sums[key] = ([wide(v) for v in variables], tf.Variable(0, dtype=tf.int64, trainable=False))
+            self._sums[key] = ([wide(v) for v in variables], tf.Variable(0, dtype=tf.int64, trainable=False),
+                               tf.Variable(0.0, dtype=tf.float32, trainable=False))
         return self._sums[key]
 
-    def average(self, grads: list[Any]) -> list[Any]:
-        """The gradients averaged over the ranks, inside the traced step; ``None`` stays ``None``."""
+    def average(self, grads: list[Any], rows: Any = None) -> list[Any]:
+        """The gradients averaged over the ranks, inside the traced step; ``None`` stays ``None``.
+        With ``rows`` (:meth:`weigh_by_batch`: this rank's rows, which the gradients are the mean
+        of, or with accumulation the row-weighted sum over), weighted by every rank's rows."""
         import tensorflow as tf
 
         if _compat.in_xla_context():
@@ -225,7 +227,10 @@ class TensorExchange(GradientExchange):
                 "jit_compile=False; mpinb.keras.fit does this for you."
             )
         if not self.carries_votes:
-            return grads  # nothing to average: one rank trains exactly like plain Keras
+            if rows is None or self.accumulate == 1:
+                return grads  # nothing to average: one rank trains exactly like plain Keras
+            # Accumulated sums weighted by rows: their mean over the update's rows.
+            return [None if g is None else tf.math.divide_no_nan(g, tf.cast(rows, g.dtype)) for g in grads]
         present = [i for i, g in enumerate(grads) if g is not None]
         # A None gradient (a variable the loss does not reach) is a property of the traced graph,
         # identical on every rank, so skipping it keeps the buffer layout the same everywhere and
@@ -240,7 +245,8 @@ class TensorExchange(GradientExchange):
             dense.append(g)
         if not dense:
             return grads
-        reduced = tf.numpy_function(self.reduce, dense, [g.dtype for g in dense], stateful=True, name="mpinb_allreduce")
+        inputs = dense if rows is None else [*dense, tf.cast(rows, dense[0].dtype)]
+        reduced = tf.numpy_function(self.reduce, inputs, [g.dtype for g in dense], stateful=True, name="mpinb_allreduce")
         out_grads = list(grads)
         for i, g, r in zip(present, dense, reduced):
             r.set_shape(g.shape)

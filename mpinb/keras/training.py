@@ -12,10 +12,9 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import keras
-import numpy as np
 
 from mpinb._checks import default_comm
-from mpinb._training.plan import BatchPlan, check_accumulate, execution_boundary, plan_arrays, plan_stream
+from mpinb._training.plan import check_accumulate, execution_boundary
 from mpinb._training.plan import steps_per_execution as _steps_per_execution
 from mpinb.agreement import check_same, raise_together
 from mpinb.comm import limit_threads, on_root, threads_chosen
@@ -24,6 +23,7 @@ from mpinb.keras._checkpoint import resume as _resume
 from mpinb.keras._inputs import Stream, as_stream
 from mpinb.keras._loop import FitLoop
 from mpinb.keras._settings import FitSettings
+from mpinb.keras._shards import plan_batches, weighted_by_rows
 from mpinb.keras.callbacks import (
     BroadcastInitialState,
     MetricAverage,
@@ -100,11 +100,22 @@ def fit(
         sample_weight)``: a ``tf.data.Dataset`` (see :func:`mpinb.data.shard_files` and
         :func:`mpinb.data.shard_dataset`), a ``keras.utils.PyDataset`` (read in index order,
         ``on_epoch_end`` called after each epoch, no worker processes) or a Python generator.
-        Every rank runs the same number of steps per epoch: ``steps_per_epoch``, or the fewest
-        batches one pass of any rank's pipeline yields; a finite pipeline starts a new pass each
-        epoch, an infinite ``tf.data`` one continues. Each rank's gradient counts equally
-        (``shards="equal"``), so give every rank batches of one size (``drop_remainder=True``) for
-        the mean over the global batch.
+        A finite pipeline starts a new pass each epoch, an infinite ``tf.data`` one continues.
+        With ``shards="proportional"`` (the default) and pipelines of known length on every rank
+        (a ``tf.data.Dataset`` of known cardinality, a ``PyDataset`` with ``__len__``), an epoch
+        runs as many steps as the longest pipeline yields batches, so every batch of every rank is
+        used once per epoch: step k combines each rank's k-th batch, each rank's gradient weighted
+        by the rows of that batch (counted as the step runs), and a rank whose pipeline has ended
+        takes the remaining steps with no rows (weight 0). That equals one process whose k-th
+        batch is the union of every rank's k-th batch (within float round-off), whatever the
+        batch sizes; with batches of one size ``b`` on every rank it is one process on batches of
+        ``n_ranks * b``. Of unknown length (a generator, a filtered or infinite ``tf.data``) a
+        pipeline needs ``steps_per_epoch`` and must yield that many batches each epoch (each still
+        weighted by its rows): no rank can tell in advance when another's ends, and a per-step vote
+        would add a collective on the input thread beside the gradient exchange's; give it a
+        length (``dataset.apply(tf.data.experimental.assert_cardinality(n))``) to have every
+        batch used. ``shards="equal"`` runs the fewest batches any rank yields (or
+        ``steps_per_epoch``), every rank's gradient counting alike, as before.
     batch_size : int
         Global batch size: rows per step summed over ranks (with ``shards="equal"`` a multiple of
         the number of ranks). Required with arrays; omitted with a pipeline (its batches are the
@@ -122,15 +133,18 @@ def fit(
         Batches of this rank's validation pipeline scored each epoch; required where its length is
         unknown or infinite, and for a generator (which each epoch continues).
     shards : {"proportional", "equal"}, optional
-        How uneven shards of in-memory arrays share each step (see above). ``"proportional"`` (the
-        default for arrays with ``strategy="gradients"``): every row once per epoch, local batches
-        proportional to each rank's rows, gradients and logs weighted by them. ``"equal"`` (the
-        only plan for pipelines, whose batches are their own, and for ``strategy="weights"``): the
-        same local batch on every rank, the fewest full batches any rank holds.
+        How uneven shards share each step (see above). ``"proportional"`` (the default, for arrays
+        and pipelines under either strategy): every row once per epoch, local batches proportional
+        to each rank's rows (a pipeline's own batches), gradients, weight averages and logs
+        weighted by rows. ``"equal"``: the same local batch on every rank, the fewest full batches
+        any rank holds, every rank counting alike.
     strategy : {"gradients", "weights"}, default "gradients"
         ``"gradients"``: gradients averaged every step (one fused Allreduce). ``"weights"``: each
         rank takes local steps and weights plus optimizer state are averaged every
-        ``average_every`` steps and at each epoch end.
+        ``average_every`` steps and at each epoch end; with proportional shards the average is
+        weighted by the rows each rank trained on since the last one (a rank that took none
+        takes no part), so with ``average_every=1`` and momentum SGD it equals the gradient
+        strategy.
     average_every : int, default 1
         Steps between weight averages for ``strategy="weights"``.
     shuffle : bool, default True
@@ -210,7 +224,7 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings
     stream = as_stream(x)
     n_local, validation = _check_inputs(model, x, y, validation_data, s, user_callbacks, stream, comm)
     shards = s.shards_for(stream)
-    plan = _plan_batches(model, x, n_local, stream, s.steps_per_epoch, s.batch_size, shards, comm)
+    plan, empty = plan_batches(model, x, n_local, stream, s.steps_per_epoch, s.batch_size, shards, comm)
     seed = s.seed if s.seed is not None else on_root(lambda: secrets.randbits(62), comm=comm)
     _share_cores(comm)
     exchange = _prepare_optimizer(model, s.strategy, comm)
@@ -243,9 +257,10 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings
         if stream is None:
             data = _arrays.dataset(x, y, n_local, plan, initial_epoch, s.epochs, seed, comm.Get_rank(), s.shuffle)
         else:
-            data = stream.feed(plan.steps, s.epochs - initial_epoch)
+            real = None if plan.batches is None else plan.batches[comm.Get_rank()]
+            data = stream.feed(plan.steps, s.epochs - initial_epoch, real, empty)
         with _this_fit(model, exchange, accumulate, per_execution, requested, stopper), \
-                _weighted_by_rows(model, plan if shards == "proportional" else None, exchange, applied, comm):
+                weighted_by_rows(model, plan, shards, exchange, applied, loop, comm):
             model.fit(
                 data,
                 epochs=s.epochs,
@@ -284,20 +299,6 @@ def _check_inputs(model: Any, x: Any, y: Any, validation_data: tuple[Any, int | 
         comm=comm,
     )
     return n_local, validation
-
-
-def _plan_batches(model: Any, x: Any, n_local: int | None, stream: Stream | None, requested: int | None,
-                  batch_size: int | None, shards: str, comm: Any) -> BatchPlan:
-    """The steps every rank runs per epoch (collective); builds a model that has no weights yet."""
-    if stream is None:
-        plan = plan_arrays(n_local, batch_size, requested, comm=comm, shards=shards)
-        first = lambda: _arrays.take(x, np.arange(min(1, n_local)), dense=True)  # noqa: E731
-    else:
-        plan = plan_stream(stream.batches_per_epoch(), stream.kind, requested, comm=comm)
-        first = stream.first_inputs
-    if not model.built:
-        model(first())
-    return plan
 
 
 def _share_cores(comm: Any) -> None:
@@ -413,40 +414,6 @@ def _this_fit(model: Any, exchange: TensorExchange | None, accumulate: int, per_
             _compat.retrace(model)
         if per_execution != requested:
             _compat.set_steps_per_execution(model, requested)
-
-
-@contextmanager
-def _weighted_by_rows(model: Any, plan: BatchPlan | None, exchange: TensorExchange | None,
-                      applied: dict[type, Any], comm: Any) -> Iterator[None]:
-    """With proportional shards, while ``model.fit`` runs: gradients weighted by each step's local
-    batch, epoch logs and BatchNorm statistics by each rank's rows, and statistics kept through the
-    steps where this rank has no rows."""
-    if plan is None:
-        yield
-        return
-    rank = comm.Get_rank()
-    rows = [plan.rows_used(r) for r in range(comm.Get_size())]
-    applied[MetricAverage].weights = rows
-    applied[SyncNonTrainable].share = rows[rank] / sum(rows)
-    guard = []
-    if exchange is not None:
-        # Also on one rank: accumulated micro-steps count by their rows (the epoch's last is smaller).
-        exchange.weigh_by_rows(plan.local_sizes(rank), plan.sizes.sum(axis=1))
-        if plan.local_sizes(rank).min() == 0:  # never on one rank
-            guard = [v for v in model.non_trainable_variables if np.dtype(str(v.dtype)).kind == "f"]
-    if guard:
-        exchange.keep_statistics_of(guard)
-        _compat.retrace(model)
-    try:
-        yield
-    finally:
-        applied[MetricAverage].weights = None
-        applied[SyncNonTrainable].share = None
-        if exchange is not None:
-            exchange.weigh_by_rows(None, None)
-            if guard:
-                exchange.keep_statistics_of([])
-                _compat.retrace(model)
 
 
 def _raise_if_stopped(stopper: StopOnInterrupt, history: dict[str, Any]) -> None:

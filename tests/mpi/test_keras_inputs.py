@@ -85,7 +85,8 @@ def test_a_pipeline_of_the_same_rows_in_the_same_order_trains_like_the_arrays(sh
         assert data.epochs_ended == 2
 
 
-def test_uneven_pipelines_run_the_fewest_batches_on_every_rank(shard):
+@pytest.mark.parametrize(("shards", "steps"), [("equal", 10), ("proportional", 10 + 3 * (SIZE - 1))])
+def test_uneven_pipelines_run_the_fewest_or_the_most_batches_on_every_rank(shard, shards, steps):
     Xl, yl = shard
     mine = 10 + 3 * RANK  # a different number of batches on every rank
     data = tf.data.Dataset.from_tensor_slices((Xl, yl)).batch(PER_RANK, drop_remainder=True).take(mine)
@@ -95,9 +96,11 @@ def test_uneven_pipelines_run_the_fewest_batches_on_every_rank(shard):
         def on_train_batch_end(self, batch, logs=None):
             counter.append(batch)
 
-    history = mk.fit(model(2), data, epochs=3, callbacks=[Count()], verbose=0)
-    assert history["steps"] == [10, 10, 10]
-    assert len(counter) == 30
+    history = mk.fit(model(2), data, epochs=2, callbacks=[Count()], shards=shards, verbose=0)
+    assert history["steps"] == [steps, steps]
+    assert len(counter) == 2 * steps
+    # Equal: every rank its first 10 batches; proportional: each of its own, once per epoch.
+    assert history["rows_used"][-1] == [(10 if shards == "equal" else 10 + 3 * r) * PER_RANK for r in range(SIZE)]
 
 
 @pytest.mark.mpi_sizes(1, 2)  # an error path: every rank raises alike at 2 ranks already; 4 costs suite time

@@ -175,6 +175,8 @@ def pipeline(kind: str, X, y, batch: int = 16):
         return tf.data.Dataset.from_tensor_slices((X, y)).batch(batch), None
     if kind == "PyDataset":
         return Rows(X, y, batch), None
+    if steps == 0:
+        return iter(()), 1  # an empty generator: this rank scores no rows
 
     def forever():
         while True:
@@ -185,7 +187,7 @@ def pipeline(kind: str, X, y, batch: int = 16):
 
 
 @pytest.mark.parametrize(("kind", "shards"), [("tf.data", "1:2:3"), ("PyDataset", "1:2:3"), ("generator", "1:2:3"),
-                                             ("tf.data", "empty_rank")])
+                                             ("tf.data", "empty_rank"), ("generator", "empty_rank")])
 def test_evaluate_and_validation_pipelines_score_the_union_of_the_rows(digits, kind, shards):
     X, y = digits
     mine = split(shards)[RANK]  # uneven, so weighting by batches or ranks would be wrong
@@ -202,3 +204,72 @@ def test_evaluate_and_validation_pipelines_score_the_union_of_the_rows(digits, k
     for key in whole:
         np.testing.assert_allclose(scores[key], whole[key], rtol=1e-6, err_msg=key)
     assert_same_everywhere([scores[k] for k in sorted(scores)])
+
+
+@pytest.mark.mpi_sizes(1, 2)  # an error path: every rank raises alike at 2 ranks already
+def test_evaluating_pipelines_empty_on_every_rank_fails_on_every_rank(digits):
+    from support.mpitools import raises_everywhere
+
+    with raises_everywhere(ValueError, match="evaluate got no batch from any rank's generator"):
+        mk.evaluate(mlp(7), iter(()), steps=1)
+
+
+# --- pipelines of known length as training x: every batch of every rank once per epoch --------------
+
+
+class UnionBatches(keras.utils.PyDataset):
+    """One process's batches: step k is every rank's k-th batch, in rank order."""
+
+    def __init__(self, X, y, shards, batch):
+        super().__init__()
+        steps = max(-(-len(s) // batch) for s in shards)
+        self.steps = [np.concatenate([s[k * batch:(k + 1) * batch] for s in shards]) for k in range(steps)]
+        self.X, self.y = X, y
+
+    def __len__(self):
+        return len(self.steps)
+
+    def __getitem__(self, k):
+        return self.X[self.steps[k]], self.y[self.steps[k]]
+
+
+@pytest.mark.parametrize(("kind", "kind_of_split"), [("tf.data", "1:2:3"), ("PyDataset", "1:2:3"),
+                                                     ("tf.data", "empty_rank"), ("PyDataset", "single_row")])
+def test_known_length_pipelines_use_every_batch_weighted_by_rows(digits, kind, kind_of_split):
+    X, y = digits
+    shards = split(kind_of_split)
+    mine = shards[RANK]
+    model, reference = twins(8)
+    data, _ = pipeline(kind, X[mine], y[mine])  # batches of 16, each rank's last one smaller
+    history = mk.fit(model, data, epochs=2, verbose=0)
+    union = UnionBatches(X, y, shards, 16)
+    ref = reference.fit(union, epochs=2, shuffle=False, verbose=0).history
+
+    err = relative_error(weights_of(model), weights_of(reference))
+    assert_everywhere(err < 1e-5, f"{kind} {kind_of_split}: within 1e-5 of one process on the union ({err:.1e})")
+    assert_same_everywhere(weights_of(model))
+    assert history["steps"] == [len(union)] * 2 and history["params"]["shards"] == "proportional"
+    assert history["rows_used"] == [[len(s) for s in shards]] * 2
+    np.testing.assert_allclose(history["loss"], ref["loss"], rtol=1e-5)
+
+
+# --- the weight strategy on uneven shards: averages weighted by the rows since the last one ---------
+
+
+@pytest.mark.parametrize("kind", ["1:2:3", "empty_rank"])
+def test_weight_averages_weighted_by_rows_equal_one_process_on_the_union(digits, kind):
+    # Momentum SGD is linear in the gradients: averaging weights and momenta after every step,
+    # each rank weighted by its step's rows, is the row-weighted gradient step of the union.
+    X, y = digits
+    shards = split(kind)
+    mine = shards[RANK]
+    model, reference = twins(9, optimizer=lambda: keras.optimizers.SGD(0.05, momentum=0.9))
+    history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, shuffle=False, strategy="weights",
+                     average_every=1, verbose=0)
+    order = union_order(shards)
+    ref = reference.fit(X[order], y[order], batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    err = relative_error(weights_of(model), weights_of(reference))
+    assert_everywhere(err < 1e-5, f"{kind}: weights strategy within 1e-5 of one process on the union ({err:.1e})")
+    assert_same_everywhere(weights_of(model))
+    assert history["rows_used"] == [[len(s) for s in shards]] * 2
+    np.testing.assert_allclose(history["loss"], ref["loss"], rtol=1e-5)

@@ -251,8 +251,6 @@ def test_learning_rate_warmup_ramps_linearly():
         ({"batch_size": 32, "callbacks": ["x"]}, TypeError, "callbacks must be keras.callbacks.Callback"),
         ({"batch_size": 512, "shards": "equal"}, ValueError, "fewer than one per-rank batch of 512"),
         ({"batch_size": 32, "shards": "rows"}, ValueError, "shards must be 'proportional' or 'equal'"),
-        ({"batch_size": 32, "strategy": "weights", "shards": "proportional"}, ValueError,
-         "needs in-memory arrays and strategy='gradients'"),
     ],
 )
 def test_fit_argument_errors(kwargs, error, match):
