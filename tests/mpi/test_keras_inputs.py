@@ -122,11 +122,15 @@ def test_a_generator_without_steps_per_epoch_fails_on_every_rank(shard):
 
 
 @pytest.mark.mpi_sizes(1, 2)  # an error path: every rank raises alike at 2 ranks already; 4 costs suite time
-def test_steps_per_epoch_above_what_one_rank_has_fails_on_every_rank(shard):
+@pytest.mark.parametrize(("shards", "steps", "match"), [
+    ("equal", 6, r"yields 4 batches per pass, fewer than steps_per_epoch=6"),  # every rank must have them
+    ("proportional", 9, r"steps_per_epoch=9 is more than the \d batches the longest tf.data.Dataset yields"),
+])
+def test_steps_per_epoch_above_what_ranks_have_fails_on_every_rank(shard, shards, steps, match):
     Xl, yl = shard
     data = tf.data.Dataset.from_tensor_slices((Xl, yl)).batch(PER_RANK).take(4 if RANK == SIZE - 1 else 8)
-    with raises_everywhere(ValueError, match=r"yields 4 batches per pass, fewer than steps_per_epoch=6"):
-        mk.fit(model(5), data, epochs=1, steps_per_epoch=6, verbose=0)
+    with raises_everywhere(ValueError, match=match):
+        mk.fit(model(5), data, epochs=1, steps_per_epoch=steps, shards=shards, verbose=0)
 
 
 @pytest.mark.mpi_sizes(1, 2)  # an error path: every rank raises alike at 2 ranks already; 4 costs suite time
