@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mpinb._training.packing import Packer, sum_over_ranks
+from mpinb._training.packing import Packer, divide_by_rows, sum_over_ranks
 from mpinb.agreement import check_same
 from mpinb.comm import allreduce, gather_rows
 
@@ -116,10 +116,7 @@ class ArrayAverager:
         out = self._packer.unpack(bufs)
         if rows is None:
             return out, op.waited
-        total = float(out.pop()[0])
-        if total == 0:  # the same on every rank: the sum of every rank's rows
+        if divide_by_rows(out, bufs) == 0:  # the same on every rank: the sum of every rank's rows
             again, waited = self.average(arrays[:-1])
             return again, op.waited + waited
-        for buf in bufs:
-            np.multiply(buf, buf.dtype.type(1.0 / total), out=buf)
         return out, op.waited

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinb._training.packing import Packer, sum_over_ranks
+from mpinb._training.packing import Packer, divide_by_rows, sum_over_ranks
 
 __all__ = ["GradientExchange"]
 
@@ -141,10 +141,7 @@ class GradientExchange:
         self._nonfinite |= bool(nonfinite)
         out = packer.unpack(bufs)
         if rows is not None:
-            total = float(out.pop()[0])  # the global batch (or the update's rows)
-            if total > 0:  # else no rank had rows: every gradient is zero already
-                for buf in bufs:
-                    np.multiply(buf, buf.dtype.type(1.0 / total), out=buf)
+            divide_by_rows(out, bufs)  # by the global batch (or the update's rows); none: all zero already
         self.seconds += time.perf_counter() - t0
         return out
 

@@ -12,7 +12,7 @@ from mpinb import _collective, _numba
 from mpinb._layout import BufferPool, Layout
 from mpinb.comm import bcast
 
-__all__ = ["Packer", "bcast_arrays", "sum_over_ranks"]
+__all__ = ["Packer", "bcast_arrays", "divide_by_rows", "sum_over_ranks"]
 
 
 class Packer:
@@ -112,3 +112,14 @@ def _scale_kernel() -> Any:
         return acc == 0
 
     return scale_into
+
+
+def divide_by_rows(out: list[np.ndarray], bufs: list[np.ndarray]) -> float:
+    """A row-weighted sum's last result is its rows slot (each rank scaled its arrays by its rows
+    and put them in one extra slot of the same message): take it off ``out`` and divide the summed
+    ``bufs`` by it in place. Returns the total rows; at 0 (no rank had rows) nothing is divided."""
+    total = float(out.pop()[0])
+    if total > 0:
+        for buf in bufs:
+            np.multiply(buf, buf.dtype.type(1.0 / total), out=buf)
+    return total

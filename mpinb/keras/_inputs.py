@@ -6,6 +6,8 @@ batches per epoch, every epoch, so no rank runs out of data while the others wai
 exchange (Keras itself would carry a half-read dataset over into the next epoch, and stop the
 rank whose data ends first). A rank whose pipeline is shorter than the epoch fills the rest with
 batches of no rows (its first batch's structure, cut to zero rows), which weigh nothing.
+:func:`stand_in` is the one collective here: a rank whose pipeline yields nothing borrows another
+rank's batch structure.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Stream", "as_numpy", "as_stream", "no_rows"]
+__all__ = ["Stream", "as_numpy", "as_stream", "no_rows", "stand_in"]
 
 
 class Stream:
@@ -147,6 +149,17 @@ def as_numpy(batch: Any) -> Any:
         return np.asarray(leaf)
 
     return tf.nest.map_structure(dense, batch)
+
+
+def stand_in(empty: Any, *, comm: Any, name: str) -> Any:
+    """Collective: the first rank's batch of zero rows (``empty``, ``None`` where a rank has no
+    batch), as NumPy arrays, on every rank; ``None`` on every rank when no rank has one. A few
+    hundred bytes: every rank offers its structure, so that one whose pipeline is empty can still
+    build the same model inputs and metric variables."""
+    from mpinb import _collective
+
+    offered = _collective.allgather(None if empty is None else as_numpy(empty), comm=comm, name=name)
+    return next((o for o in offered if o is not None), None)
 
 
 def _pydataset_batches(data: Any, steps: int, epochs: int, real: int | None = None, empty: Any = None

@@ -11,10 +11,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from mpinb import _collective
 from mpinb._training.plan import BatchPlan, plan_arrays, plan_stream
 from mpinb.keras import _arrays
-from mpinb.keras._inputs import Stream, as_numpy
+from mpinb.keras._inputs import Stream, stand_in
 from mpinb.keras._loop import FitLoop
 from mpinb.keras._step import StepRows
 from mpinb.keras.callbacks import MetricAverage, SyncNonTrainable
@@ -38,15 +37,12 @@ def plan_batches(model: Any, x: Any, n_local: int | None, stream: Stream | None,
         if mine < plan.steps or (plan.batches is not None and min(plan.batches) == 0):
             empty = stream.empty_batch() if mine > 0 else None
         if plan.batches is not None and min(plan.batches) == 0:
-            # A rank whose pipeline yields nothing cannot cut a batch of its own: every rank offers
-            # its structure (zero rows, so a few hundred bytes) and the first one stands in.
-            offered = _collective.allgather(None if empty is None else as_numpy(empty), comm=comm,
-                                            name="fit's empty batches")
-            stand_in = next((o for o in offered if o is not None), None)
-            if stand_in is None:  # the same on every rank: decided from what every rank offered
+            # A rank whose pipeline yields nothing cannot cut a batch of its own: another's stands in.
+            borrowed = stand_in(empty, comm=comm, name="fit's empty batches")
+            if borrowed is None:  # the same on every rank: decided from what every rank offered
                 raise ValueError(f"no rank's {stream.kind} yields a batch to learn its structure from; "
                                  "give some rank batches.")
-            empty = stand_in if empty is None else empty
+            empty = borrowed if empty is None else empty
         first = stream.first_inputs if mine > 0 else (lambda: empty[0])  # noqa: E731
     if not model.built:
         model(first())

@@ -9,13 +9,12 @@ from typing import Any
 import keras
 import numpy as np
 
-from mpinb import _collective
 from mpinb._checks import check_int, default_comm
 from mpinb._training.averaging import sum_arrays
 from mpinb.agreement import check_same, raise_together
 from mpinb.comm import allreduce
 from mpinb.keras._arrays import check_xy, dummy_row
-from mpinb.keras._inputs import Stream, as_numpy, as_stream, no_rows
+from mpinb.keras._inputs import Stream, as_stream, no_rows, stand_in
 
 __all__ = ["Scored", "evaluate", "global_evaluate", "scored", "validation_rows"]
 
@@ -124,12 +123,8 @@ def global_evaluate(model: Any, data: Scored, batch_size: int, comm: Any) -> dic
     """Collective: every metric's state summed over ranks, read, then this rank's own put back."""
     if data.stream is not None:
         first = data.stream.peek()
-        # Every rank shows the structure of its batches (zero rows of them: a few hundred bytes),
-        # so that a rank whose pipeline is empty can still build the same metric variables.
-        offered = _collective.allgather(None if first is None else as_numpy(no_rows(first)), comm=comm,
-                                        name="evaluate's batch structures")
-        stand_in = next((o for o in offered if o is not None), None)
-        if stand_in is None:  # the same verdict on every rank: every rank saw every offer
+        borrowed = stand_in(None if first is None else no_rows(first), comm=comm, name="evaluate's batch structures")
+        if borrowed is None:  # the same verdict on every rank: every rank saw every offer
             raise ValueError(f"evaluate got no batch from any rank's {data.stream.kind}; give some rank batches.")
         if first is not None:
             with warnings.catch_warnings():
@@ -138,7 +133,7 @@ def global_evaluate(model: Any, data: Scored, batch_size: int, comm: Any) -> dic
                 model.evaluate(data.stream.evaluation_input(data.steps), steps=data.steps, verbose=0,
                                return_dict=True)
         else:
-            _score_nothing(model, keras.tree.map_structure(_one_zero_row, stand_in))
+            _score_nothing(model, keras.tree.map_structure(_one_zero_row, borrowed))
     elif data.rows > 0:
         model.evaluate(data.x, data.y, batch_size=batch_size, verbose=0, return_dict=True)
     else:
