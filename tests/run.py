@@ -45,7 +45,7 @@ TIERS = ("unit", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser")
 MPI_SIZES = (1, 2, 3, 4)
 # Hard limits: a hung collective ends the run instead of eating CI's budget (each test also has its
 # own PER_TEST_TIMEOUT). The 4-rank MPI tier takes about 470 s on an idle 2-core machine and the
-# cluster tier about 500 s, so 600 s left no room for a slower CI host: they get 900 s.
+# cluster tier about 470 s, so 600 s left no room for a slower CI host: they get 900 s.
 TIER_TIMEOUT = {"unit": 600, "mpi": 900, "cluster": 900, "multihost": 300, "slurm": 300, "notebooks": 900,
                 "browser": 300}
 PER_TEST_TIMEOUT = 180
