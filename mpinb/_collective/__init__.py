@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from mpinb._collective.fused import plan
 from mpinb.deadline import DEFAULT
 
 if TYPE_CHECKING:
@@ -81,8 +82,6 @@ def allreduce(arrays: Sequence[np.ndarray], op: str = "sum", *, out: Sequence[np
               comm: Any = None, name: str, timeout: Any = DEFAULT, what: str | None = None) -> list[Any]:
     """The fused reduction of ``arrays`` (see :mod:`.fused`): one message per dtype, the arrival
     checking every rank passed the same shapes, dtypes and ``op``; results in ``out`` if given."""
-    from mpinb._collective.fused import plan
-
     fused = plan(arrays, op)
     if out is not None:
         out = fused.check_out(out)

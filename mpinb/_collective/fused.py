@@ -8,6 +8,7 @@ own, straight from the input into the result, with no packing copy.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Sequence
 
 import numpy as np
@@ -39,9 +40,14 @@ class Fused:
         wires, self.results = zip(*[_wire(dtype, op) for dtype in dtypes]) if dtypes else ((), ())
         sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
         # Large arrays travel on their own, straight from the input into the result: no packing.
-        self.alone = [(i, wires[i], shapes[i], dtypes[i] == wires[i]) for i in range(self.n)
-                      if sizes[i] * dtypes[i].itemsize >= _ALONE]
-        self.small = [i for i in range(self.n) if sizes[i] * dtypes[i].itemsize < _ALONE]
+        # So does the only small array of its wire dtype: its message is the same either way, and
+        # without the packing and unpacking copies (in place when ``out`` is the input itself).
+        large = [sizes[i] * dtypes[i].itemsize >= _ALONE for i in range(self.n)]
+        sharing = Counter(wires[i] for i in range(self.n) if not large[i])
+        # "same": the input is the wire and the result (no cast, no integer mean), so it can be sent as it is.
+        self.alone = [(i, wires[i], shapes[i], dtypes[i] == wires[i] == self.results[i], large[i]) for i in range(self.n)
+                      if large[i] or sharing[wires[i]] == 1]
+        self.small = [i for i in range(self.n) if not large[i] and sharing[wires[i]] > 1]
         self.packing = Layout([shapes[i] for i in self.small], [wires[i] for i in self.small])
         # A buffer is "plain" when its slices are the results as they are: no cast, no integer mean.
         self.plain = [all(self.results[self.small[j]] == wire for j in self.packing.members(b))
@@ -49,7 +55,7 @@ class Fused:
         self.shapes = shapes
         # The wire: the packed buffers, then one buffer per array that travels alone.
         self.pool = BufferPool([*self.packing.lengths, *[sizes[i] for i, *_ in self.alone]],
-                               [*self.packing.dtypes, *[wire for _, wire, _, _ in self.alone]])
+                               [*self.packing.dtypes, *[wire for _, wire, _, _, _ in self.alone]])
 
     def __repr__(self) -> str:
         return self.text
@@ -73,16 +79,20 @@ class Fused:
         reduce_in_place: list[np.ndarray] = list(packed)
         pairs: list[tuple[np.ndarray, np.ndarray]] = []
         alone: list[tuple[int, np.ndarray]] = []
-        for (i, _, shape, same), buf in zip(self.alone, wire[len(packed):]):
+        for (i, _, shape, same, large), buf in zip(self.alone, wire[len(packed):]):
             target = out[i] if out is not None and same and out[i].flags.c_contiguous else None
             recv = buf.reshape(shape) if target is None else target
             if not same:
                 np.copyto(recv, values[i], casting="unsafe")
                 reduce_in_place.append(recv.reshape(-1))
-            elif recv is values[i] or np.shares_memory(recv, values[i]):
-                if recv is not values[i]:
-                    raise ValueError("an out array overlaps its input without being it; pass the input itself.")
+            elif recv is values[i]:
                 reduce_in_place.append(recv.reshape(-1))
+            elif np.shares_memory(recv, values[i]):
+                if large:
+                    raise ValueError("an out array overlaps its input without being it; pass the input itself.")
+                # A small array goes through its wire buffer, as it would packed: the overlap is harmless.
+                recv = buf.reshape(shape)
+                pairs.append((np.ascontiguousarray(values[i]).reshape(-1), recv.reshape(-1)))
             else:
                 pairs.append((np.ascontiguousarray(values[i]).reshape(-1), recv.reshape(-1)))
             alone.append((i, recv))

@@ -53,14 +53,18 @@ class Op:
         self.chan, self.gen, self.name, self.digest, self.index, self.cell = chan, gen, name, digest, index, cell
         self.comm = None if gen is None else gen.comm
         self.timeout, self.deadline = timeout, deadline
-        if len(votes) > VOTES or min(votes, default=0) < 0:
-            raise ValueError(f"an operation carries up to {VOTES} non-negative votes; got {votes!r}.")
-        self.my_votes = self.votes = tuple(int(v) for v in votes) + (0,) * (VOTES - len(votes))
+        if not votes:
+            self.my_votes = self.votes = _NO_VOTES
+        else:
+            if len(votes) > VOTES or min(votes) < 0:
+                raise ValueError(f"an operation carries up to {VOTES} non-negative votes; got {votes!r}.")
+            self.my_votes = self.votes = tuple(int(v) for v in votes) + (0,) * (VOTES - len(votes))
         self.waited = 0.0
         self.settled = False
         self.began = time.monotonic()
-        after = _notice_after()
-        self.notice_at = None if after is None else self.began + after
+        # Read when a wait first runs long enough to need it (see notice_due): reading the
+        # environment costs microseconds that every short operation would pay.
+        self.notice_at: Any = _UNREAD
 
     @property
     def rank(self) -> int:
@@ -88,6 +92,13 @@ class Op:
         """Raise ``error``, which every rank raises at this point: nothing to give up."""
         self.settled = True
         raise error
+
+    def notice_due(self, now: float) -> bool:
+        """Whether this rank should now say whom it waits for (``MPINB_WAIT_NOTICE``)."""
+        if self.notice_at is _UNREAD:
+            after = _notice_after()
+            self.notice_at = None if after is None else self.began + after
+        return self.notice_at is not None and now >= self.notice_at
 
     def tell_waiting(self) -> None:
         """Say, on this rank's stderr (the cell's output), whom it waits for and where they are."""
@@ -197,9 +208,10 @@ class Op:
 
     # -- arrival and waiting -----------------------------------------------------------------
     def arrive(self, layout: Any, what: str | None) -> None:
-        digest = self.digest
-        header = np.array([digest, -digest, self.cell, -self.cell, self.index, -self.index,
-                           *(-v for v in self.my_votes)], dtype=np.int64)
+        digest, cell, index = self.digest, self.cell, self.index
+        v0, v1, v2 = self.my_votes
+        # A fresh array each time: an abandoned arrival's buffer stays with MPI (``Gen.pending``).
+        header = np.array([digest, -digest, cell, -cell, index, -index, -v0, -v1, -v2], dtype=np.int64)
         t0 = time.perf_counter()
         self._wait([self.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.MIN)], header, _board.ARRIVING, SPIN)
         self.waited = time.perf_counter() - t0
@@ -207,7 +219,7 @@ class Op:
             self.chan.board.phase(_board.MOVING)
         if -header[6] >= ABANDONED:
             self._completed_by_an_abandoner()
-        self.votes = tuple(int(-v) for v in header[6:])
+        self.votes = tuple([-v for v in header[6:].tolist()])
         if header[2] != -header[3]:
             # Ranks of two cells met: every rank saw the same header, so every rank retires this
             # generation here, without a message; the later cell's ranks run the operation again
@@ -269,6 +281,8 @@ class Op:
 
 
 VOTES = 3  # integers every rank votes with in an arrival; each arrives as its maximum over the ranks
+_NO_VOTES = (0,) * VOTES
+_UNREAD: Any = object()  # Op.notice_at before MPINB_WAIT_NOTICE is read
 ABANDONED = 2**62  # the vote of an arrival made only to complete an abandoned one
 
 

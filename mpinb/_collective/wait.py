@@ -27,6 +27,7 @@ _FIRST_PAUSE, _MAX_PAUSE = 2e-5, 1e-3  # then sleep between tests, the pause dou
 _DATA_SPIN = 2e-2  # with every rank present, test without yielding for this long
 _CHECK = 5e-5  # seconds between looks at notices and the deadline while ranks arrive
 _CHECK_DATA = 1e-3  # the same while data move
+_QUICK = 4  # tests before the wait sets up its clocks: a few microseconds, every rank already there
 _WATCH = 0.05  # seconds between looks at whether a missing rank has left the cell (a board read)
 
 
@@ -71,8 +72,9 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
     through the signal still votes). That includes a wait on a thread of TensorFlow's, which SIGINT never reaches.
     """
     testall = MPI.Request.Testall
-    if testall(requests):
-        return
+    for _ in range(_QUICK):
+        if testall(requests):  # most waits of a short operation end here, before any bookkeeping
+            return
     now = began = time.monotonic()
     spin_until = now + (_DATA_SPIN if spin is None else spin)
     # Where ranks outnumber cores, a rank yielding in a loop still takes turns on a core that a
@@ -106,7 +108,7 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
                         if testall(requests):
                             return
                         raise PeerLeft(*left)
-                    if op.notice_at is not None and now >= op.notice_at:
+                    if op.notice_due(now):
                         op.tell_waiting()
                 since = _interrupt.pending_since()
                 if since is not None and now - max(since, began) >= _interrupt.INTERRUPT_GRACE:

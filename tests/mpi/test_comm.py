@@ -97,6 +97,19 @@ def test_allreduce_into_out_and_in_place(any_comm) -> None:
     mpinb.allreduce(inplace, out=inplace, comm=any_comm)
     np.testing.assert_array_equal(inplace[0], np.full(4, n * (n + 1) / 2))
     np.testing.assert_array_equal(inplace[1], np.arange(70_000) * n + n * (n - 1) / 2)
+    # A lone small array travels alone too: in place into itself, or through a wire buffer when
+    # out overlaps it without being it.
+    lone = np.full(5, r + 1.0)
+    assert mpinb.allreduce([lone], out=[lone], comm=any_comm)[0] is lone
+    np.testing.assert_array_equal(lone, np.full(5, n * (n + 1) / 2))
+    view = lone.reshape(5)
+    mpinb.allreduce([lone], out=[view], comm=any_comm)
+    np.testing.assert_array_equal(lone, np.full(5, n * n * (n + 1) / 2))
+    # An integer mean into float64 out, large and small: the int64 wire is not the result's dtype.
+    ints = [np.arange(40_000, dtype=np.int64) + r, np.int64(r)]
+    means = mpinb.allreduce(ints, op="mean", out=[np.zeros(40_000), np.zeros(())], comm=any_comm)
+    np.testing.assert_array_equal(means[0], np.arange(40_000) + (n - 1) / 2)
+    assert means[1] == (n - 1) / 2
     with pytest.raises(ValueError, match=r"out\[0\] must be a writeable array of shape \(3,\) and dtype float64"):
         mpinb.allreduce([np.ones(3)], out=[np.ones(2)], comm=any_comm)
 
