@@ -217,26 +217,27 @@ class Op:
         self.waited = time.perf_counter() - t0
         if self.chan.board is not None:
             self.chan.board.phase(_board.MOVING)
-        if -header[6] >= ABANDONED:
+        h = header.tolist()  # Python ints: cheaper to compare than NumPy scalars
+        if -h[6] >= ABANDONED:
             self._completed_by_an_abandoner()
-        self.votes = tuple([-v for v in header[6:].tolist()])
-        if header[2] != -header[3]:
+        self.votes = (-h[6], -h[7], -h[8])
+        if h[2] != -h[3]:
             # Ranks of two cells met: every rank saw the same header, so every rank retires this
             # generation here, without a message; the later cell's ranks run the operation again
             # on the next one, where the earlier cell's ranks will join them from their next cell.
             self.settled = True
             self.chan.retire(self, f"met a rank of another cell in {self.name} #{self.index}")
-            if self.cell < -header[3]:
+            if self.cell < -h[3]:
                 raise texts.later_cell_error(self)
             raise Retry
-        if header[4] != -header[5]:
+        if h[4] != -h[5]:
             self.settled = True
-            self.chan.retire(self, f"sequence numbers #{header[4]}-#{-header[5]} met")
+            self.chan.retire(self, f"sequence numbers #{h[4]}-#{-h[5]} met")
             raise RuntimeError(
-                f"mpinb's collective sequence differs across ranks at {self.name} (#{header[4]} to "
-                f"#{-header[5]}); this is a bug in mpinb. Every rank moves to a fresh communicator."
+                f"mpinb's collective sequence differs across ranks at {self.name} (#{h[4]} to "
+                f"#{-h[5]}); this is a bug in mpinb. Every rank moves to a fresh communicator."
             )
-        if header[0] != -header[1]:
+        if h[0] != -h[1]:
             texts_ = self.allgather((self.name, layout if isinstance(layout, str) else repr(layout)))
             self.fail(CollectiveMismatchError(texts.mismatch_message(texts_, what)))
 
