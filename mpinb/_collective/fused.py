@@ -2,8 +2,8 @@
 
 Every reduction of several arrays in mpinb goes through here (``mpinb.allreduce``, the gradient
 exchange and the weight average build on it), so packing, wire dtypes, reused wire buffers and the
-mean are written once. Small arrays of one dtype share a packed buffer; large ones travel on their
-own, straight from the input into the result, with no packing copy.
+mean are written once. Small arrays of one dtype share a packed buffer; large ones, and a small one
+alone of its dtype, travel on their own, straight from the input into the result, with no packing copy.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ class Fused:
         # without the packing and unpacking copies (in place when ``out`` is the input itself).
         large = [sizes[i] * dtypes[i].itemsize >= _ALONE for i in range(self.n)]
         sharing = Counter(wires[i] for i in range(self.n) if not large[i])
-        # "same": the input is the wire and the result (no cast, no integer mean), so it can be sent as it is.
-        self.alone = [(i, wires[i], shapes[i], dtypes[i] == wires[i] == self.results[i], large[i]) for i in range(self.n)
+        # "same": the input is its wire and its result (no cast, no integer mean): it travels as it is.
+        same = [dtypes[i] == wires[i] == self.results[i] for i in range(self.n)]
+        self.alone = [(i, wires[i], shapes[i], same[i], large[i]) for i in range(self.n)
                       if large[i] or sharing[wires[i]] == 1]
         self.small = [i for i in range(self.n) if not large[i] and sharing[wires[i]] > 1]
         self.packing = Layout([shapes[i] for i in self.small], [wires[i] for i in self.small])
@@ -90,7 +91,7 @@ class Fused:
             elif np.shares_memory(recv, values[i]):
                 if large:
                     raise ValueError("an out array overlaps its input without being it; pass the input itself.")
-                # A small array goes through its wire buffer, as it would packed: the overlap is harmless.
+                # A small one goes through its wire buffer, as if packed: the overlap does no harm.
                 recv = buf.reshape(shape)
                 pairs.append((np.ascontiguousarray(values[i]).reshape(-1), recv.reshape(-1)))
             else:
