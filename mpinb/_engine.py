@@ -8,7 +8,6 @@ so nothing here imports ``mpi4py.MPI`` at module level.
 from __future__ import annotations
 
 import os
-import stat
 from typing import Any
 
 __all__ = ["identity", "rank", "set_up", "with_rank"]
@@ -30,7 +29,7 @@ def identity() -> dict[str, Any]:
     }
 
 
-def set_up(started_by_mpinb: bool) -> None:
+def set_up(started_by_mpinb: bool, one_machine: bool = False) -> None:
     """mpinb's collective set-up on every engine together; on engines ``MPICluster`` started, the
     rank's thread budget and a quiet TensorFlow too.
 
@@ -40,48 +39,23 @@ def set_up(started_by_mpinb: bool) -> None:
     they are on; a budget the user gave (``threads_per_rank``, or thread variables in the engines'
     environment) is kept. TensorFlow's C++ start-up lines would print once per rank in ``%%px``.
     Engines started elsewhere (``MPICluster.connect``) are left as their owner configured them.
+    With ``one_machine`` (every rank on this machine), Hydra's control port answers loopback alone
+    (:mod:`mpinb._listeners`).
     """
     import mpinb
+    from mpinb._listeners import confine_inherited_listeners
     from mpinb.comm import threads_chosen
 
+    if started_by_mpinb:  # first: the sooner Hydra's wildcard port answers loopback alone, the better
+        confine_inherited_listeners(loopback_only=one_machine)
     mpinb.world(timeout=_SET_UP_TIMEOUT)
     if not started_by_mpinb:
         return
-    _close_inherited_listeners()
     if not threads_chosen():
         mpinb.limit_threads(timeout=_SET_UP_TIMEOUT)  # local now: world() exchanged the hosts
     from mpinb._quiet_tf import quiet_future_import
 
     quiet_future_import()
-
-
-def _close_inherited_listeners() -> None:
-    """Close this engine's copies of listening sockets bound to every address: Hydra's control port
-    (mpiexec and its proxies keep listening on theirs; the engine never accepts on it), inherited
-    because Hydra does not mark it close-on-exec. An engine's own sockets (ZeroMQ's, MPI's) are
-    bound to an address. Local."""
-    import socket
-
-    try:
-        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
-    except OSError:
-        return
-    for fd in fds:
-        try:
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                continue
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        try:
-            listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-            address = sock.getsockname()[0] if sock.family in (socket.AF_INET, socket.AF_INET6) else None
-        except OSError:
-            listening, address = 0, None
-        finally:
-            sock.detach()
-        if listening and address in ("0.0.0.0", "::"):
-            os.close(fd)
 
 
 def rank() -> int:

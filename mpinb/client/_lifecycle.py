@@ -38,6 +38,11 @@ class Owned:
         self.leftovers: set[str] = set()  # what a killed world leaves (MPI's /dev/shm segments, ...)
         self.slurm: Any = None  # mpinb.client.slurm.SlurmEngines, with launcher="slurm"
 
+    @property
+    def one_machine(self) -> bool:
+        """Whether every engine runs here: then Hydra's control port answers loopback alone."""
+        return self.options.on_this_machine
+
     def start(self, mc: MPICluster) -> None:
         self.slurm = self.options.slurm_engines(mc.n)
         # The engines' own temporary folder (TensorFlow's generated code, anything else they
@@ -119,6 +124,7 @@ class Joined:
     """A cluster started elsewhere (``ipcluster start --engines=MPI``) that ``MPICluster.connect`` joined."""
 
     started_by_mpinb = False  # someone else's engines: configured as their owner chose
+    one_machine = False  # unknown, and not ours to change
     watchdog = None  # it must outlive this notebook
     slurm = None
 

@@ -132,7 +132,8 @@ class LaunchOptions:
 _HOST_OPTIONS = frozenset({"f", "hostfile", "machinefile", "host", "hosts", "hostlist"})
 # When every rank runs on this machine, MPI's network transports stay on loopback: UCX (the mpich
 # wheel's) and libfabric's TCP provider (conda-forge's MPICH) would otherwise listen on every
-# address the machine has. (Hydra's own control port ignores these: it binds every address.)
+# address the machine has. (Hydra's own control port ignores these: it binds every address, and
+# the engines filter it to loopback instead, mpinb._listeners.)
 _LOOPBACK = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}
 
 

@@ -318,7 +318,7 @@ class MPICluster:
         self.view.block = True
         activate(self.view, self.deaths)
         # mpinb's collective set-up (and each rank's thread budget) now, on every engine together.
-        self.view.apply_sync(_engine.set_up, self._path.started_by_mpinb)
+        self.view.apply_sync(_engine.set_up, self._path.started_by_mpinb, self._path.one_machine)
         for code in self._on_start:  # fresh engines after restart(): the setup the notebook asked for
             self.view.execute(code, block=True)
 

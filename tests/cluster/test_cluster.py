@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -64,8 +65,28 @@ def test_a_one_machine_cluster_listens_on_loopback_and_keeps_its_files_private(c
     for proc in engines:
         listening = [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
         assert listening and all(addr.ip in ("127.0.0.1", "::1") for addr in listening), (proc.pid, listening)
-    # mpiexec and its proxy keep Hydra's control port on every address (Hydra has no option to bind
-    # it to one); the engines no longer hold a copy of it.
+    # The other processes of the cluster (the controller's tree; mpiexec and its proxy, the engines'
+    # ancestors below this process) listen on loopback too, all but Hydra's control port, which Hydra
+    # binds to every address whatever its options (see mpinb._listeners)...
+    ancestors = {a for proc in engines for a in proc.parents() if os.getpid() in {p.pid for p in a.parents()}}
+    controller = psutil.Process(cluster2.cluster.controller.pid)
+    wide: dict[tuple[str, int], set[str]] = {}
+    for proc in ancestors | {controller, *controller.children(recursive=True)}:
+        for c in proc.net_connections(kind="inet"):
+            if c.status == psutil.CONN_LISTEN and c.laddr.ip not in ("127.0.0.1", "::1"):
+                wide.setdefault((c.laddr.ip, c.laddr.port), set()).add(proc.name())
+    (((ip, port), holders),) = wide.items()
+    assert ip == "0.0.0.0" and "hydra_pmi_proxy" in holders, wide
+    assert holders <= {"mpiexec", "mpiexec.hydra", "hydra_pmi_proxy"}, wide
+    # ...and that port answers loopback alone (the engines attached a filter to it): from any other
+    # address of this machine a connection gets no answer, as behind a firewall's DROP.
+    outside = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+               if a.family == socket.AF_INET and not a.address.startswith("127.")]
+    for address in outside:
+        with socket.socket() as probe:
+            probe.settimeout(1.0)
+            with pytest.raises(TimeoutError):
+                probe.connect((address, port))
     security = Path(cluster2.cluster.profile_dir) / "security"
     assert security.stat().st_mode & 0o777 == 0o700
     assert {p.name: p.stat().st_mode & 0o777 for p in security.iterdir()} == dict.fromkeys(
