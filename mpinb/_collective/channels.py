@@ -354,14 +354,15 @@ class Channel:
     def close(self) -> None:
         """Free the private communicators (at exit, or when the user's communicator is freed)."""
         # Ranks further down a note's tree hear of it only through this one: pass on what has
-        # arrived, and let the small sends finish (they are eager: at once, unless MPI is stuck).
+        # arrived (closed first: a revocation no longer starts a duplicate now), and let the small
+        # sends finish (they are eager: at once, unless MPI is stuck).
+        self.closed = True
         self.notices()
         give_up = time.monotonic() + 1.0
         while self._sends and time.monotonic() < give_up:
             self._sends = [s for s in self._sends if not s.Test()]
             if self._sends:
                 time.sleep(1e-4)
-        self.closed = True
         for gen in self.gens:
             if not gen.freed and gen.request is None and not gen.pending:
                 gen.comm.Free()
