@@ -7,9 +7,9 @@
   every missing rank on its host is, even for the first collective after set-up.
 - A rank that abandons a wait (deadline, Ctrl-C, a rank it waits for left the cell) *revokes* the
   generation: it keeps the abandoned requests and their buffers alive, sends a small notice to
-  every other rank on the control communicator (down a tree, :mod:`mpinb._collective.notices`) and starts a non-blocking duplicate of the user's
-  communicator, the next generation. A rank waiting in the revoked generation raises
-  :class:`CollectiveAbandoned` naming who gave up on what. A rank that was elsewhere completes the
+  every other rank on the control communicator (down a tree: :mod:`mpinb._collective.notices`)
+  and starts a non-blocking duplicate of the user's communicator, the next generation. A rank
+  waiting in the revoked generation raises :class:`CollectiveAbandoned` naming who gave up on what. A rank that was elsewhere completes the
   abandoned arrival for the others and runs its next collective on the new generation -- unless
   that collective *is* the abandoned one, come late: then it raises at once, so it never pairs
   with another call. So the next cell works, and engine state survives: no restart.

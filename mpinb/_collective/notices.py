@@ -64,7 +64,8 @@ def children(rank: int, group: list[int]) -> list[int]:
     return out
 
 
-def start(ctrl: Any, tag: int, rank: int, body: Any, hosts: list[str], direct: tuple[int, ...] = ()) -> list[Any]:
+def start(ctrl: Any, tag: int, rank: int, body: Any, hosts: list[str],
+          direct: tuple[int, ...] = ()) -> list[Any]:
     """Send a new note from ``rank``: down its tree, then to ``direct`` itself; the send requests."""
     wire = (rank, tuple(direct), body)
     return _send(ctrl, tag, wire, children(rank, members(tag, wire, hosts)) + list(wire[1]))

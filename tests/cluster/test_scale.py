@@ -159,8 +159,9 @@ def test_ctrl_c_stops_every_rank_of_a_collective(engines: Engines) -> None:
     assert not errors, errors
     records = engines.cluster.pull("record")
     for rank, rec in enumerate(records):
-        assert rec is not None and rec["raised"] in ("KeyboardInterrupt", "CollectiveAbandoned"), f"rank {rank}: {rec}"
-        assert rec["ended"] - sent < BOUND, f"rank {rank} stopped {rec['ended'] - sent:.2f} s after the interrupt"
+        said = f"rank {rank}: {rec}"
+        assert rec is not None and rec["raised"] in ("KeyboardInterrupt", "CollectiveAbandoned"), said
+        assert rec["ended"] - sent < BOUND, f"rank {rank} stopped {rec['ended'] - sent:.2f} s after Ctrl-C"
     engines.recovered(marker)
 
 
@@ -205,6 +206,7 @@ def test_an_idle_engine_passes_notes_on_between_cells(engines: Engines) -> None:
         "in_cell = time.monotonic(); time.sleep(0.5); in_cell = (in_cell, time.monotonic())", block=True)
     time.sleep(1.0)
     engines.cluster.view.execute("del _chan.notices\nidle = list(looks)", block=True)
-    for rank, (looks, (began, ended)) in enumerate(zip(engines.cluster.pull("idle"), engines.cluster.pull("in_cell"))):
+    idle, in_cell = engines.cluster.pull("idle"), engines.cluster.pull("in_cell")
+    for rank, (looks, (began, ended)) in enumerate(zip(idle, in_cell)):
         assert not [t for t in looks if began <= t <= ended], f"rank {rank} looked during a cell"
-        assert len([t for t in looks if t > ended]) >= 5, f"rank {rank} looked {len(looks)} times while idle for 1 s"
+        assert len([t for t in looks if t > ended]) >= 5, f"rank {rank} looked {len(looks)} times, idle 1 s"

@@ -23,7 +23,8 @@ class Recorder:
         return None
 
 
-def spread(tag: int, origin: int, hosts: list[str], direct: tuple[int, ...] = ()) -> tuple[dict[int, int], dict[int, int], list]:
+def spread(tag: int, origin: int, hosts: list[str],
+           direct: tuple[int, ...] = ()) -> tuple[dict[int, int], dict[int, int], list]:
     """Deliver one note from ``origin`` as the ranks would: each receiver forwards on receipt.
     Returns each receiver's hop count, each rank's number of sends, and what the receivers read."""
     ctrl, hops, sends, bodies = Recorder(), {}, {}, []
