@@ -194,6 +194,7 @@ def _stop_together(call: Op, stop: StopFlag | None, where: str) -> None:
 _channels: dict[int, Channel] = {}
 _world: Channel | None = None
 _keyval: Any = None
+_IDLE_NOTICES = 0.05  # seconds between looks at notices on an engine idle between cells
 
 
 def _lookup(comm: Any) -> Channel:
@@ -213,6 +214,7 @@ def _lookup(comm: Any) -> Channel:
             atexit.register(_close_all)
             if cells.install():
                 cells.on_cell(_on_cell)
+                cells.on_idle(_on_idle, _IDLE_NOTICES)
         chan = _channels[handle] = Channel(comm)
         MPI.Comm.fromhandle(handle).Set_attr(_keyval, handle)
     return chan
@@ -224,6 +226,15 @@ def _on_cell(event: str, cell: Any, error: BaseException | None) -> None:
             chan.on_cell(event, cell, error)
         except Exception:  # noqa: BLE001 - a hook must never break the user's cell
             pass
+
+
+def _on_idle() -> None:
+    from mpi4py import MPI
+
+    if not MPI.Is_finalized():
+        for chan in list(_channels.values()):
+            if not chan.closed:
+                chan.notices()
 
 
 def _on_comm_free(comm: Any, keyval: Any, handle: int) -> None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Cell", "current", "engine_id", "install", "on_cell"]
+__all__ = ["Cell", "current", "engine_id", "install", "on_cell", "on_idle"]
 
 #: The metadata keys of an execute request that MPICluster's client stamps.
 CELL_KEY, TARGETS_KEY = "mpinb_cell", "mpinb_targets"
@@ -51,6 +51,31 @@ def on_cell(listener: Callable[[str, Cell, BaseException | None], None]) -> None
     """Call ``listener("begin", cell, None)`` and ``listener("end", cell, error)`` around every cell."""
     if listener not in _listeners:
         _listeners.append(listener)
+
+
+def on_idle(listener: Callable[[], None], every: float) -> bool:
+    """Call ``listener()`` every ``every`` seconds while this engine runs no cell; ``False`` outside
+    an engine. It runs from the kernel's event loop, on the main thread, so never inside a cell.
+
+    Notes between ranks are passed on by the ranks that receive them (:mod:`.notices`): an engine
+    idle between cells would otherwise hold a note back from the ranks after it until its next cell.
+    """
+    import threading
+
+    loop = getattr(getattr(_shell, "kernel", None), "io_loop", None)
+    if loop is None:
+        return False
+
+    def tick() -> None:
+        if _current is _NONE and threading.current_thread() is threading.main_thread():
+            try:
+                listener()
+            except Exception:  # noqa: BLE001 - the kernel's loop must go on
+                pass
+        loop.call_later(every, tick)
+
+    loop.call_later(every, tick)
+    return True
 
 
 def engine_id() -> int | None:

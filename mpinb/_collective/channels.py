@@ -7,9 +7,9 @@
   every missing rank on its host is, even for the first collective after set-up.
 - A rank that abandons a wait (deadline, Ctrl-C, a rank it waits for left the cell) *revokes* the
   generation: it keeps the abandoned requests and their buffers alive, sends a small notice to
-  every other rank on the control communicator and starts a non-blocking duplicate of the user's
-  communicator, the next generation. A rank waiting in the revoked generation raises
-  :class:`CollectiveAbandoned` naming who gave up on what. A rank that was elsewhere completes the
+  every other rank on the control communicator (down a tree: :mod:`mpinb._collective.notices`)
+  and starts a non-blocking duplicate of the user's communicator, the next generation. A rank
+  waiting in the revoked generation raises :class:`CollectiveAbandoned` naming who gave up on what. A rank that was elsewhere completes the
   abandoned arrival for the others and runs its next collective on the new generation -- unless
   that collective *is* the abandoned one, come late: then it raises at once, so it never pairs
   with another call. So the next cell works, and engine state survives: no restart.
@@ -31,6 +31,7 @@ from mpi4py import MPI
 from mpinb import interrupt as _interrupt
 from mpinb._collective import board as _board
 from mpinb._collective import cells, texts
+from mpinb._collective import notices as _notices
 from mpinb._collective.ops import Op, Retry, abandoned_header, digest_of
 from mpinb._collective.wait import SPIN, DeadlinePassed, PeerLeft, poll
 from mpinb.deadline import DEFAULT, resolve
@@ -38,8 +39,6 @@ from mpinb.errors import CollectiveAbandoned
 
 __all__ = ["Channel", "Gen"]
 
-_NOTICE = 77  # tag of revocation notices on the control communicator
-_CELL = 78  # tag of cell-end notices, to the ranks on other hosts
 _IDLE_AWAY = 3.0  # seconds a rank may sit idle in an earlier cell before it counts as not running this one
 
 
@@ -277,12 +276,19 @@ class Channel:
         gen.revoked = note = {"gen": gen.number, "index": op.index, "name": op.name, "rank": self.rank,
                               "why": why or "abandoned", "time": time.time(), "missing": missing,
                               "timeout": op.timeout, "cell": op.cell, "digest": op.digest, "departed": departed}
-        for r in range(self.size):
-            if r != self.rank:
-                self._sends.append(self.ctrl.isend(note, dest=r, tag=_NOTICE))
+        self._sends += _notices.start(self.ctrl, _notices.REVOKED, self.rank, note, self.hosts, self._outside(op))
         if self.board is not None:
             self.board.mark_revoked(gen.number)
         self._post_next()
+
+    def _outside(self, op: Op) -> tuple[int, ...]:
+        """The ranks on this host that the board shows outside ``op``: a revocation goes to them
+        directly, as they pass nothing on until their next collective."""
+        if self.board is None:
+            return ()
+        here = (op.gen.number, op.index)
+        rows = {r: self.board.read(r) for r in self.local_ranks() if r != self.rank}
+        return tuple(r for r, row in rows.items() if row is None or not row.inside or (row.gen, row.index) != here)
 
     def retire(self, op: Op, why: str) -> None:
         """End ``op``'s generation on this rank without a notice: every rank decides so at the same
@@ -306,7 +312,8 @@ class Channel:
         return gen.revoked
 
     def notices(self) -> None:
-        """Take in every notice that has arrived; a revocation notice ends its generation here too."""
+        """Take in every notice that has arrived, passing each on down its tree; a revocation notice
+        ends its generation here too."""
         ctrl = self.ctrl
         if ctrl is None:
             return
@@ -319,8 +326,10 @@ class Channel:
                 message = ctrl.improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
                 if message is None:
                     return
-            note = message.recv()
-            if status.Get_tag() == _CELL:
+            tag = status.Get_tag()
+            sends, note = _notices.forward(ctrl, tag, message.recv(), self.rank, self.hosts)
+            self._sends += sends
+            if tag == _notices.CELL_END:
                 self._remote_cells[note[0]] = _board.CellRecord(*note[1:])
                 continue
             gen = next((g for g in self.gens if g.number == note["gen"]), None)
@@ -344,7 +353,16 @@ class Channel:
 
     def close(self) -> None:
         """Free the private communicators (at exit, or when the user's communicator is freed)."""
+        # Ranks further down a note's tree hear of it only through this one: pass on what has
+        # arrived (closed first: a revocation no longer starts a duplicate now), and let the small
+        # sends finish (they are eager: at once, unless MPI is stuck).
         self.closed = True
+        self.notices()
+        give_up = time.monotonic() + 1.0
+        while self._sends and time.monotonic() < give_up:
+            self._sends = [s for s in self._sends if not s.Test()]
+            if self._sends:
+                time.sleep(1e-4)
         for gen in self.gens:
             if not gen.freed and gen.request is None and not gen.pending:
                 gen.comm.Free()
@@ -368,11 +386,9 @@ class Channel:
         text = cells.describe_error(error)
         if self.board is not None:
             self.board.cell_end(cell.id, gen.number, gen.index, text)
-        remote = [r for r, h in enumerate(self.hosts) if h != self.host]
-        if remote and self.ctrl is not None:
+        if self.ctrl is not None and any(h != self.host for h in self.hosts):
             note = (self.rank, cell.id, False, cell.id, gen.number, gen.index, time.time_ns(), text)
-            for r in remote:
-                self._sends.append(self.ctrl.isend(note, dest=r, tag=_CELL))
+            self._sends += _notices.start(self.ctrl, _notices.CELL_END, self.rank, note, self.hosts)
             self._sends = [s for s in self._sends if not s.Test()]
 
     def cell_record(self, rank: int) -> _board.CellRecord | None:
