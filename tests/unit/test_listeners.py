@@ -1,0 +1,57 @@
+"""mpinb._listeners: a child holding a copy of a wildcard listener filters it to loopback, then closes it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+_CHILD = """
+import os, sys
+from mpinb._listeners import confine_inherited_listeners
+fd = int(sys.argv[1])
+confine_inherited_listeners(loopback_only=sys.argv[2] == "1")
+try:
+    os.fstat(fd)
+    print("open")
+except OSError:
+    print("closed")
+"""
+
+
+def _outside_addresses() -> list[str]:
+    return [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+            if a.family == socket.AF_INET and not a.address.startswith("127.")]
+
+
+def _answers(address: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect((address, port))
+        except TimeoutError:
+            return False
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket filters are Linux's")
+@pytest.mark.parametrize("loopback_only", [True, False])
+def test_an_inherited_wildcard_listener_is_filtered_to_loopback_and_closed(loopback_only: bool) -> None:
+    outside = _outside_addresses()
+    if not outside:
+        pytest.skip("this machine has no address beyond loopback to probe from")
+    with socket.socket() as server:
+        server.bind(("0.0.0.0", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        # As Hydra's port reaches an engine: the same socket, inherited across exec.
+        argv = [sys.executable, "-c", _CHILD, str(server.fileno()), "1" if loopback_only else "0"]
+        child = subprocess.run(argv, pass_fds=[server.fileno()], capture_output=True, text=True, timeout=60,
+                               check=True)
+        assert child.stdout.split() == ["closed"], child.stderr
+        # The filter the child attached is the socket's, so it holds here, after the child is gone.
+        assert _answers("127.0.0.1", port)
+        assert [_answers(address, port) for address in outside] == [not loopback_only] * len(outside)
