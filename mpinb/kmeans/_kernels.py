@@ -3,7 +3,8 @@
 Lloyd's loop (:mod:`._lloyd`) is written once against six passes -- the assignment (per chunk,
 a GEMM and the argmin over its distance block, with change tracking), full and incremental per-cluster sums, the column sums and
 the centring statistics, and the final inertia -- and :func:`kernels` hands it an executor for them.
-:mod:`._minibatch` uses one more, the whole local work of a mini-batch (nearest centre, sums and
+:mod:`._init`'s k-means++ uses one more, its distances to the candidates and the chosen centre
+(written in :mod:`._seed_pass`). :mod:`._minibatch` uses one more, the whole local work of a mini-batch (nearest centre, sums and
 inertia of the drawn rows, read in place), whose squared distances are sums of squared
 differences: no GEMM cancellation, so the executors' labels can differ only where two centres
 are equally near within the round-off of adding ``d`` squares in another order.
@@ -32,6 +33,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from mpinb import _numba
+from mpinb.kmeans import _seed_pass
 
 __all__ = ["COMPILE_FROM", "chunk_rows", "chunks", "kernels"]
 
@@ -217,7 +219,7 @@ def _exact_argmin(x, centers):
 # The interface both executors implement, with the same signatures.
 PASSES = (
     "assign_rows", "argmin_rows", "sums_full", "sums_delta", "column_sums", "centred_stats", "inertia_counts",
-    "batch_sums",
+    "batch_sums", "seed_distances",
 )
 
 
@@ -227,7 +229,7 @@ def _executor(name: str, namespace: dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(name=name, **{p: namespace.get(p) or namespace[f"_{p}"] for p in PASSES})
 
 
-NUMPY = _executor("numpy", globals())
+NUMPY = _executor("numpy", {**globals(), "seed_distances": _seed_pass.numpy_pass})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -440,6 +442,7 @@ def _compile(numba: Any) -> SimpleNamespace:
                 total += wi * best[r]
         return total
 
+    seed_distances = _seed_pass.compiled_pass(numba)  # noqa: F841 - collected by _executor
     return _executor("compiled", locals())
 
 
