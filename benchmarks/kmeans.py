@@ -28,6 +28,16 @@ Cases (``--cases``, comma-separated; default ``scaling``), each writing its own 
   data (200,000 x 16, k=16: the compiled executor, loaded from numba's disk cache, which a
   warm-up process fills first). Medians and ratios to scikit-learn's first fit.
 
+- ``single`` -> ``kmeans_single.json``: 1 rank against scikit-learn's 1 thread only, at N=400,000
+  (15 iterations, as issue 23 measured it) and N=1,000,000 (20 iterations), float64 and float32,
+  the same fixed initial centres: ``--single-repeats`` interleaved rounds, medians of the fit's wall
+  and CPU time divided by ``n_iter_`` (set-up and final pass included) and their ratios.
+- ``kmeanspp`` -> ``kmeans_plusplus.json``: k-means++ seeding of N=2,000,000 x 16, k=16, 1 rank and
+  1 thread, against ``sklearn.cluster.kmeans_plusplus`` from the same seed (mpinb's seeding is
+  private: the worker calls ``mpinb.kmeans._init.kmeans_plusplus`` on a summarised shard, whose
+  summary is outside the timing); interleaved rounds, medians of wall and CPU time, ratios, and
+  whether both picked the same rows.
+
 ``--quick``: N=100,000, 1 repeat (and 3 busy repeats), to show the script works: about 30 s.
 """
 
@@ -48,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "benchmarks"))  # _busy, also when run from elsewhere
 
-CASES = ("scaling", "busy", "first")
+CASES = ("scaling", "busy", "first", "single", "kmeanspp")
 
 D, K, ITERATIONS, SEED, BLOCK = 16, 16, 20, 1234, 1 << 16
 
@@ -88,7 +98,7 @@ def worker(config: dict) -> None:
     init = np.array(config["init"])
     mpinb.KMeans(K, init=init, max_iter=2, tol=0).fit(X)  # warm-up: imports, page faults
     stamps: list[float] = []
-    km = mpinb.KMeans(K, init=init, max_iter=ITERATIONS, tol=0)
+    km = mpinb.KMeans(K, init=init, max_iter=config.get("iterations", ITERATIONS), tol=0)
     km._on_iteration = lambda info: stamps.append(time.perf_counter())
     comm.Barrier()
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -173,6 +183,26 @@ def busy_worker(config: dict) -> None:
                                                    "busy_process_pid": busy.pid}))
 
 
+def plusplus_worker(config: dict) -> None:
+    """mpinb's k-means++ seeding at 1 rank, timed alone (the shard's summary is outside)."""
+    from mpi4py import MPI
+
+    import mpinb
+    from mpinb.kmeans._init import kmeans_plusplus
+    from mpinb.kmeans._shard import kmeans_shard
+
+    mpinb.limit_threads(1)
+    X = make_rows(0, config["n"], "float64")
+    data = kmeans_shard(X, None, X.sum(axis=0), n_clusters=K, init="k-means++", comm=MPI.COMM_SELF,
+                        name="KMeans.fit")
+    kmeans_plusplus(data, K, np.random.RandomState(config["seed"] + 1), None)  # warm-up: compiled pass, pages
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    centres = kmeans_plusplus(data, K, np.random.RandomState(config["seed"]), None) + data.mean
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    np.save(config["out"] + ".npy", centres)
+    Path(config["out"] + ".json").write_text(json.dumps({"wall_s": wall, "cpu_s": cpu}))
+
+
 # ----------------------------------------------------------------------------------------------
 # Driver
 
@@ -196,13 +226,13 @@ def run_workers(ranks: int, config: dict, tmp: Path, tag: str) -> dict:
     return result
 
 
-def sklearn_fit(X: np.ndarray, init: np.ndarray, threads: int) -> dict:
+def sklearn_fit(X: np.ndarray, init: np.ndarray, threads: int, iterations: int = ITERATIONS) -> dict:
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=threads):
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        km = KMeans(K, init=init.astype(X.dtype), n_init=1, max_iter=ITERATIONS, tol=0, algorithm="lloyd").fit(X)
+        km = KMeans(K, init=init.astype(X.dtype), n_init=1, max_iter=iterations, tol=0, algorithm="lloyd").fit(X)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     return {
         "wall_ms_per_iter": 1e3 * wall / km.n_iter_,
@@ -400,6 +430,100 @@ def first_case(args: argparse.Namespace, out: Path) -> None:
     print(f"wrote {out}")
 
 
+def _median_entry(results: list[dict]) -> dict:
+    return {key: statistics.median(r[key] for r in results) for key in results[0] if isinstance(results[0][key], float)}
+
+
+def single_case(args: argparse.Namespace, out: Path) -> None:
+    """1 rank against scikit-learn's 1 thread at 400k and 1M rows, both dtypes, interleaved."""
+    sizes = ((100_000, 15),) if args.quick else ((400_000, 15), (1_000_000, ITERATIONS))
+    report: dict = {"setup": {"sizes": [{"n": n, "iterations": it} for n, it in sizes], "d": D, "k": K, "tol": 0,
+                              "repeats": args.single_repeats, "threads": 1, "ranks": 1,
+                              "cores": len(os.sched_getaffinity(0)), "init": "same fixed centres for every run",
+                              "timed": "fit wall and CPU time / n_iter_ (set-up and final pass included)"},
+                    "results": {}}
+    with tempfile.TemporaryDirectory(prefix="mpinb-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        for n, iterations in sizes:
+            init = initial_centres(n)
+            for dtype in ("float64", "float32"):
+                X = make_rows(0, n, dtype)
+                config = {"n": n, "dtype": dtype, "init": init.tolist(), "iterations": iterations}
+                sk, ours = [], []
+                for r in range(args.single_repeats):
+                    print(f"[bench] single {n:,} {dtype} round {r + 1}/{args.single_repeats}", flush=True)
+                    # Alternate which runs first, so neither always follows the other.
+                    pair = [lambda: sk.append(sklearn_fit(X, init, 1, iterations)),
+                            lambda: ours.append(run_workers(1, config, tmp, f"single-{n}-{dtype}-{r}"))]
+                    for run in pair if r % 2 == 0 else pair[::-1]:
+                        run()
+                entry = {"sklearn-1thread": _median_entry(sk), "mpinb-1rank": _median_entry(ours),
+                         "n_iter": ours[0]["n_iter"], "same_n_iter": ours[0]["n_iter"] == sk[0]["n_iter"],
+                         "label_mismatches": int(np.count_nonzero(ours[0]["labels"] != sk[0]["labels"])),
+                         "ratios_wall_per_round": [o["wall_ms_per_iter"] / t["wall_ms_per_iter"] for o, t in zip(ours, sk)]}
+                entry["ratio_wall"] = entry["mpinb-1rank"]["wall_ms_per_iter"] / entry["sklearn-1thread"]["wall_ms_per_iter"]
+                entry["ratio_cpu"] = entry["mpinb-1rank"]["cpu_ms_per_iter_per_rank"] / entry["sklearn-1thread"]["cpu_ms_per_iter"]
+                report["results"][f"{n}-{dtype}"] = entry
+                print(f"{n:>9,} {dtype}: wall {entry['ratio_wall']:.3f}x, CPU {entry['ratio_cpu']:.3f}x scikit-learn's "
+                      f"per iteration", flush=True)
+                del X
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+
+
+def kmeanspp_case(args: argparse.Namespace, out: Path) -> None:
+    """k-means++ seeding, mpinb at 1 rank against sklearn.cluster.kmeans_plusplus, interleaved."""
+    from sklearn.cluster import kmeans_plusplus
+    from threadpoolctl import threadpool_limits
+
+    from mpinb.client.launch import run_mpi
+
+    n = 200_000 if args.quick else 2_000_000
+    X = make_rows(0, n, "float64")
+    sk, ours, same = [], [], []
+    with tempfile.TemporaryDirectory(prefix="mpinb-bench-") as tmpdir:
+        for r in range(args.single_repeats):
+            print(f"[bench] k-means++ round {r + 1}/{args.single_repeats}", flush=True)
+            seed = SEED + r
+            cfg = {"n": n, "seed": seed, "out": str(Path(tmpdir) / f"pp-{r}")}
+
+            def theirs() -> None:
+                with threadpool_limits(limits=1):
+                    wall0, cpu0 = time.perf_counter(), time.process_time()
+                    centres, _ = kmeans_plusplus(X, K, random_state=np.random.RandomState(seed))
+                    sk.append({"wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0,
+                               "centres": centres})
+
+            def mine() -> None:
+                proc = run_mpi(1, [__file__, "--plusplus-worker", json.dumps(cfg)], timeout=600, env=_mpi_env(),
+                               capture=True)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"mpinb k-means++ worker failed:\n{proc.stdout}")
+                ours.append(dict(json.loads(Path(cfg["out"] + ".json").read_text()),
+                                 centres=np.load(cfg["out"] + ".npy")))
+
+            for run in (theirs, mine) if r % 2 == 0 else (mine, theirs):
+                run()
+            same.append(bool(np.allclose(ours[-1]["centres"], sk[-1]["centres"], rtol=0,
+                                         atol=1e-12 * np.abs(sk[-1]["centres"]).max())))
+    report = {
+        "setup": {"n": n, "d": D, "k": K, "dtype": "float64", "threads": 1, "ranks": 1, "repeats": args.single_repeats,
+                  "cores": len(os.sched_getaffinity(0)), "seeds": [SEED + r for r in range(args.single_repeats)]},
+        "sklearn_kmeans_plusplus": _median_entry(sk),
+        "mpinb_kmeans_plusplus": _median_entry(ours),
+        "same_centres_as_sklearn_every_round": all(same),
+        "ratios_wall_per_round": [o["wall_s"] / t["wall_s"] for o, t in zip(ours, sk)],
+    }
+    report["ratio_wall"] = report["mpinb_kmeans_plusplus"]["wall_s"] / report["sklearn_kmeans_plusplus"]["wall_s"]
+    report["ratio_cpu"] = report["mpinb_kmeans_plusplus"]["cpu_s"] / report["sklearn_kmeans_plusplus"]["cpu_s"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"k-means++ {n:,} x {D}, k={K}: wall {report['ratio_wall']:.3f}x, CPU {report['ratio_cpu']:.3f}x "
+          f"scikit-learn's; same centres: {report['same_centres_as_sklearn_every_round']}")
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="scaling", help=f"comma-separated, of: {', '.join(CASES)}")
@@ -412,6 +536,8 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
     parser.add_argument("--busy-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--plusplus-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--single-repeats", type=int, help="single and kmeanspp cases: interleaved rounds (default 5; 1 with --quick)")
     parser.add_argument("--out-dir", help="default benchmarks/results (a temporary directory with --quick)")
     args = parser.parse_args()
     if args.worker:
@@ -420,6 +546,8 @@ def main() -> None:
         return memory_worker(json.loads(args.memory_worker))
     if args.busy_worker:
         return busy_worker(json.loads(args.busy_worker))
+    if args.plusplus_worker:
+        return plusplus_worker(json.loads(args.plusplus_worker))
     cases = args.cases.split(",")
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
@@ -429,6 +557,7 @@ def main() -> None:
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.busy_repeats = args.busy_repeats or (3 if args.quick else 11)
     args.first_repeats = args.first_repeats or (2 if args.quick else 7)
+    args.single_repeats = args.single_repeats or (1 if args.quick else 5)
     out_dir = Path(args.out_dir) if args.out_dir else (
         Path(tempfile.gettempdir()) / "mpinb-bench-quick" if args.quick else ROOT / "benchmarks" / "results")
     if "scaling" in cases:
@@ -437,6 +566,10 @@ def main() -> None:
         busy_case(args, out_dir / "kmeans_busy.json")
     if "first" in cases:
         first_case(args, out_dir / "kmeans_first.json")
+    if "single" in cases:
+        single_case(args, out_dir / "kmeans_single.json")
+    if "kmeanspp" in cases:
+        kmeanspp_case(args, out_dir / "kmeans_plusplus.json")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from mpinb.kmeans._kernels import chunk_rows, chunks, kernels
+from mpinb.kmeans._kernels import FOLD_NONE, chunk_rows, chunks, kernels
 
 __all__ = [
-    "BLOCK_ELEMENTS", "NO_WEIGHTS", "Changes", "assign", "column_sums", "euclidean", "local_inertia", "nearest", "rows_per_block",
+    "BLOCK_ELEMENTS", "NO_WEIGHTS", "Changes", "Fold", "assign", "column_sums", "euclidean", "local_inertia", "nearest", "rows_per_block",
     "sq_distances",
 ]
 
@@ -38,6 +38,26 @@ class Changes:
     n_changed: int
     rows: np.ndarray | None  # local indices of changed rows, or None when too many to track
     old: np.ndarray | None
+    inertia: float = 0.0  # with a FOLD_INERTIA fold: the local weighted inertia
+
+
+@dataclass
+class Fold:
+    """What :func:`assign` adds up in its pass, with the new labels: ``kind`` FOLD_SUMS adds each
+    row (times its weight ``w``, NO_WEIGHTS unless ``weighted``) to ``sums``, ``weights`` and
+    ``members``; FOLD_INERTIA adds its squared distance to its raw centre (``centers``) to the
+    inertia and 1 to ``members[label]``. Rows are added in order, as the separate passes add them."""
+
+    kind: int
+    w: np.ndarray
+    weighted: bool
+    centers: np.ndarray
+    sums: np.ndarray
+    weights: np.ndarray
+    members: np.ndarray
+
+
+_NO_FOLD = Fold(FOLD_NONE, NO_WEIGHTS, False, np.zeros((1, 1)), np.zeros((1, 1)), np.zeros(1), np.zeros(1))
 
 
 def assign(
@@ -47,6 +67,7 @@ def assign(
     labels: np.ndarray,
     track: tuple[np.ndarray, np.ndarray] | None = None,
     run_on: Any = None,
+    fold: Fold | None = None,
 ) -> Changes:
     """Nearest centre of every row, in chunks, writing ``labels`` in place. Local.
 
@@ -56,6 +77,8 @@ def assign(
     centred copy of the rows). With ``track=(rows, old)`` buffers, the changed rows and their
     old labels are recorded there (for an incremental update of the sums) until the buffers are
     full. ``run_on`` is the executor (:func:`kernels`), by default chosen from this call's size.
+    ``fold`` adds the new labels' cluster sums or inertia in the same pass over the rows (see
+    :class:`Fold`); the inertia is returned in ``Changes.inertia``.
     """
     n = X.shape[0]
     k = centers.shape[0]
@@ -70,10 +93,13 @@ def assign(
         recorded = -1
     else:
         (rows, old), recorded = track, 0
-    n_changed, recorded = run_on.assign_rows(X, c2t, q, labels, rows, old, recorded, block)
+    f = _NO_FOLD if fold is None else fold
+    n_changed, recorded, inertia = run_on.assign_rows(
+        X, c2t, q, labels, rows, old, recorded, block, f.kind, f.w, f.weighted, f.centers, f.sums, f.weights, f.members
+    )
     if track is None or recorded < 0:
-        return Changes(n_changed, None, None)
-    return Changes(n_changed, rows[:recorded], old[:recorded])
+        return Changes(n_changed, None, None, inertia)
+    return Changes(n_changed, rows[:recorded], old[:recorded], inertia)
 
 
 def column_sums(X: np.ndarray, n_clusters: int) -> np.ndarray:

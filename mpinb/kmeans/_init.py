@@ -10,8 +10,8 @@ import numpy as np
 from mpinb import _collective
 from mpinb._rows import Shard
 from mpinb.interrupt import StopFlag
-from mpinb.kmeans._distances import BLOCK_ELEMENTS, sq_distances
-from mpinb.kmeans._kernels import SUM_ELEMENTS, chunk_rows, chunks
+from mpinb.kmeans._distances import BLOCK_ELEMENTS, NO_WEIGHTS, sq_distances
+from mpinb.kmeans._kernels import SUM_ELEMENTS, chunk_rows, chunks, kernels
 from mpinb.kmeans._lloyd import lloyd
 from mpinb.kmeans._shard import kmeans_shard, relative_tol
 
@@ -130,7 +130,10 @@ def kmeans_plusplus(data: Shard, k: int, rng: np.random.RandomState, stop: StopF
     Every rank draws the same random numbers, in the same order as scikit-learn; each draw is a
     position on the global cumulative sum of ``weight * distance^2`` in rank order, resolved by
     the rank that holds it. Per centre: one Allreduce for the candidate rows, one allgather of each
-    rank's potential per candidate (and the stop flag), and two passes over the shard.
+    rank's potential per candidate (and the stop flag), and two passes over the shard (the
+    executor's ``seed_distances``: the candidates' potentials, then the chosen centre's distances;
+    keeping every candidate's distances instead, as scikit-learn does, would hold
+    ``trials x n_local`` floats to save the second, cheaper pass).
     """
     d = data.X.shape[1]
     trials = 2 + int(np.log(k))
@@ -138,30 +141,31 @@ def kmeans_plusplus(data: Shard, k: int, rng: np.random.RandomState, stop: StopF
     first, _ = _pick(data, data.weight_slice, data.weight_sums, np.array([rng.random_sample() * data.weight_sums.sum()]), "right")
     centers[0] = first[0]
     closest = np.empty(data.n_local)
+    # One executor for the whole seeding, from global sizes (the same on every rank), as the fit.
+    run_on = kernels(data.n_total * k)
+    w = NO_WEIGHTS if data.weights is None else data.weights
+    block = min(chunk_rows(d), chunk_rows(trials, BLOCK_ELEMENTS))
 
-    def start(s: int, e: int, dist: np.ndarray) -> None:
-        closest[s:e] = dist[0]
+    def distances(points: np.ndarray, mode: int, pots: np.ndarray) -> None:
+        c_sq = np.einsum("ij,ij->i", points, points)
+        run_on.seed_distances(data.X, data.mean, points, c_sq, closest, w, data.weights is not None, pots, mode, block)
 
-    _min_distances(data, centers[:1], start)
+    unused = np.zeros(1)
+    distances(centers[:1], 0, unused)
     rank_pots = _gather_pots(data, np.array([_weighted_sum(data, closest)]), stop)[:, 0]
     current = rank_pots.sum()
     for c in range(1, k):
         thresholds = rng.uniform(size=trials) * current
         candidates, _ = _pick(data, _weighted_values(data, closest), rank_pots, thresholds, "left")
         pots = np.zeros(trials)
-
-        def accumulate(s: int, e: int, dist: np.ndarray) -> None:
-            np.minimum(dist, closest[s:e], out=dist)
-            pots[:] += dist @ data.weight_slice(s, e)
-
-        _min_distances(data, candidates, accumulate)
+        distances(candidates, 1, pots)
         table = _gather_pots(data, pots, stop)
         totals = table.sum(axis=0)
         best = int(np.argmin(totals))
         current, rank_pots = totals[best], table[:, best]
         centers[c] = candidates[best]
         if c < k - 1:
-            _min_distances(data, centers[c : c + 1], lambda s, e, dist: np.minimum(closest[s:e], dist[0], out=closest[s:e]))
+            distances(centers[c : c + 1], 2, unused)
     return centers
 
 

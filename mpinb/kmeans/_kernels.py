@@ -3,7 +3,8 @@
 Lloyd's loop (:mod:`._lloyd`) is written once against six passes -- the assignment (per chunk,
 a GEMM and the argmin over its distance block, with change tracking), full and incremental per-cluster sums, the column sums and
 the centring statistics, and the final inertia -- and :func:`kernels` hands it an executor for them.
-:mod:`._minibatch` uses one more, the whole local work of a mini-batch (nearest centre, sums and
+:mod:`._init`'s k-means++ uses one more, its distances to the candidates and the chosen centre
+(written in :mod:`._seed_pass`). :mod:`._minibatch` uses one more, the whole local work of a mini-batch (nearest centre, sums and
 inertia of the drawn rows, read in place), whose squared distances are sums of squared
 differences: no GEMM cancellation, so the executors' labels can differ only where two centres
 are equally near within the round-off of adding ``d`` squares in another order.
@@ -32,8 +33,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from mpinb import _numba
+from mpinb.kmeans import _seed_pass
 
-__all__ = ["COMPILE_FROM", "chunk_rows", "chunks", "kernels"]
+__all__ = ["COMPILE_FROM", "FOLD_INERTIA", "FOLD_NONE", "FOLD_SUMS", "chunk_rows", "chunks", "kernels"]
 
 # Rows x clusters from which the compiled passes are used: at 2**20 (about 65k rows at k=16)
 # an iteration of the NumPy passes costs about 5 ms, so a fit of a few dozen iterations pays
@@ -49,6 +51,11 @@ _BATCH_BLOCK = 64
 # pickles the same twice, so a closure would recompile (1-2 s) in every process.
 _prefetch: Any = None
 _argmin_compiled: Any = None
+_sums_compiled: Any = None
+_inertia_compiled: Any = None
+# What the assignment step folds into its pass over each chunk: nothing, the full cluster sums
+# (the first iteration, where every label changes) or the inertia and counts (the final labels).
+FOLD_NONE, FOLD_SUMS, FOLD_INERTIA = 0, 1, 2
 
 
 def kernels(work: int) -> SimpleNamespace:
@@ -96,7 +103,8 @@ def _argmin_rows(dist, q, labels, start, track_rows, track_old, recorded):
     return changed, recorded
 
 
-def _assign_rows(X, c2t, q, labels, track_rows, track_old, recorded, block):
+def _assign_rows(X, c2t, q, labels, track_rows, track_old, recorded, block, fold, w, weighted, centers, sums,
+                 weights, members):
     n, k = X.shape[0], c2t.shape[1]
     buf = np.empty((min(block, max(n, 1)), k), dtype=c2t.dtype)
     changed = 0
@@ -105,7 +113,12 @@ def _assign_rows(X, c2t, q, labels, track_rows, track_old, recorded, block):
         np.dot(X[s:e], c2t, out=out)
         found, recorded = _argmin_rows(out, q, labels[s:e], s, track_rows, track_old, recorded)
         changed += found
-    return changed, recorded
+    inertia = 0.0
+    if fold == FOLD_SUMS:
+        _sums_full(X, w, weighted, labels, sums, weights, members)
+    elif fold == FOLD_INERTIA:
+        inertia = _inertia_counts(X, w, weighted, centers, labels, members)
+    return changed, recorded, inertia
 
 
 def _add_rows(X, w, labels, sign, sums, weights, members):
@@ -217,7 +230,7 @@ def _exact_argmin(x, centers):
 # The interface both executors implement, with the same signatures.
 PASSES = (
     "assign_rows", "argmin_rows", "sums_full", "sums_delta", "column_sums", "centred_stats", "inertia_counts",
-    "batch_sums",
+    "batch_sums", "seed_distances",
 )
 
 
@@ -227,7 +240,7 @@ def _executor(name: str, namespace: dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(name=name, **{p: namespace.get(p) or namespace[f"_{p}"] for p in PASSES})
 
 
-NUMPY = _executor("numpy", globals())
+NUMPY = _executor("numpy", {**globals(), "seed_distances": _seed_pass.numpy_pass})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,13 +291,18 @@ def _compile(numba: Any) -> SimpleNamespace:
     _argmin_compiled = argmin_rows
 
     @jit
-    def assign_rows(X, c2t, q, labels, track_rows, track_old, recorded, block):
+    def assign_rows(X, c2t, q, labels, track_rows, track_old, recorded, block, fold, w, weighted, centers, sums,
+                    weights, members):
         """The assignment step: per chunk of ``block`` rows, the GEMM ``X[s:e] @ c2t`` (BLAS,
         called from compiled code: a Python loop over the chunks cost 15% of the step in call
-        overhead) and :func:`argmin_rows` over it while it is in cache."""
+        overhead) and :func:`argmin_rows` over it while it is in cache; then, by ``fold``, the
+        chunk's rows added to the cluster sums (:func:`sums_full`) or to the inertia and counts
+        (:func:`inertia_counts`, counts into ``members``) while they are in cache too, in the
+        order those passes add them. Returns (changed labels, ``recorded``, inertia)."""
         n, k = X.shape[0], c2t.shape[1]
         buf = np.empty((min(block, max(n, 1)), k), dtype=c2t.dtype)
         changed = 0
+        inertia = 0.0
         for s in range(0, n, block):
             e = min(n, s + block)
             # A copy only for rows that are not C-contiguous (BLAS wants contiguous operands).
@@ -296,7 +314,12 @@ def _compile(numba: Any) -> SimpleNamespace:
                 out = np.dot(rows, c2t)
             found, recorded = _argmin_compiled(out, q, labels[s:e], s, track_rows, track_old, recorded)
             changed += found
-        return changed, recorded
+            ws = w[s:e] if weighted else w
+            if fold == 1:  # FOLD_SUMS
+                _sums_compiled(X[s:e], ws, weighted, labels[s:e], sums, weights, members)
+            elif fold == 2:  # FOLD_INERTIA
+                inertia += _inertia_compiled(X[s:e], ws, weighted, centers, labels[s:e], members)
+        return changed, recorded, inertia
 
     @jit
     def sums_full(X, w, weighted, labels, sums, weights, members):
@@ -372,6 +395,9 @@ def _compile(numba: Any) -> SimpleNamespace:
             counts[c] += 1.0
         return total
 
+    global _sums_compiled, _inertia_compiled  # see the module's globals for why not closure variables
+    _sums_compiled, _inertia_compiled = sums_full, inertia_counts
+
     global _prefetch  # see the module's globals for why not a closure variable
     _prefetch = _prefetch_intrinsic(numba)
 
@@ -440,6 +466,7 @@ def _compile(numba: Any) -> SimpleNamespace:
                 total += wi * best[r]
         return total
 
+    seed_distances = _seed_pass.compiled_pass(numba)  # noqa: F841 - collected by _executor
     return _executor("compiled", locals())
 
 

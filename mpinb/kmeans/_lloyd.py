@@ -14,8 +14,8 @@ import numpy as np
 from mpinb import _collective
 from mpinb._rows import Shard
 from mpinb.interrupt import StopFlag
-from mpinb.kmeans._distances import NO_WEIGHTS, Changes, assign
-from mpinb.kmeans._kernels import SUM_ELEMENTS, chunk_rows, chunks, kernels
+from mpinb.kmeans._distances import NO_WEIGHTS, Changes, Fold, assign
+from mpinb.kmeans._kernels import FOLD_INERTIA, FOLD_SUMS, SUM_ELEMENTS, chunk_rows, chunks, kernels
 
 __all__ = ["Run", "lloyd", "same_clustering"]
 
@@ -65,9 +65,17 @@ def lloyd(
     # One executor for the whole fit, from global sizes: the same on every rank.
     run_on = kernels(data.n_total * k)
     i = 0
+    unit = data.weights is None
+    w = NO_WEIGHTS if unit else data.weights
     for i in range(max_iter):  # noqa: B007 - i is the iteration count after the loop
-        changes = assign(X, centers, mean, labels, track=track, run_on=run_on)
-        _update_sums(run_on, data, labels, changes, sums, weights, members)
+        if i == 0:
+            # Every label changes in the first iteration (from -1), so its sums are full sums:
+            # added in the assignment's pass while each chunk is in cache, not in a second pass.
+            fold = Fold(FOLD_SUMS, w, not unit, centers, sums, weights, members)
+            changes = assign(X, centers, mean, labels, run_on=run_on, fold=fold)
+        else:
+            changes = assign(X, centers, mean, labels, track=track, run_on=run_on)
+            _update_sums(run_on, data, labels, changes, sums, weights, members)
         packed[: k * d] = sums.reshape(-1)
         packed[k * d : k * d + k] = weights
         packed[k * d + k : k * d + 2 * k] = members
@@ -116,13 +124,13 @@ def lloyd(
             break
         if shift <= tol:
             break
-    if not strict:
-        # Labels must match the final centres.
-        assign(X, centers, mean, labels, run_on=run_on)
     final = np.zeros(k + 1)
-    unit = data.weights is None
-    w = NO_WEIGHTS if unit else data.weights
-    final[k] = run_on.inertia_counts(X, w, not unit, centers + mean, labels, final[:k])
+    if not strict:
+        # Labels must match the final centres; the inertia and counts are added in the same pass.
+        fold = Fold(FOLD_INERTIA, w, not unit, centers + mean, sums, weights, final[:k])
+        final[k] = assign(X, centers, mean, labels, run_on=run_on, fold=fold).inertia
+    else:
+        final[k] = run_on.inertia_counts(X, w, not unit, centers + mean, labels, final[:k])
     _collective.reduce_in_place([final], comm=comm, name=f"{data.name}'s inertia")
     return Run(centers, labels, float(final[k]), i + 1, history, final[:k])
 

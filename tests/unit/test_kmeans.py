@@ -210,6 +210,30 @@ def test_same_seed_same_result_as_sklearn(init):
     assert_agrees(ours, theirs)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_kmeans_plusplus_draws_equal_sklearn(kernel_path, dtype, weighted):
+    """k-means++ on either executor picks the rows scikit-learn's ``kmeans_plusplus`` picks from
+    the same seed (its distances in float64, as ours are for float32 rows too), and leaves the
+    generator in the same state."""
+    from sklearn.cluster import kmeans_plusplus as sk_kmeans_plusplus
+
+    from mpinb.kmeans._init import kmeans_plusplus
+    from mpinb.kmeans._shard import kmeans_shard
+
+    X = (blobs(5000, 6, 9, 2.0, seed=4) + 40.0).astype(dtype)  # offset: the pass centres the rows
+    w = np.random.default_rng(1).uniform(0, 2, len(X)) if weighted else None
+    if weighted:
+        w[::5] = 0.0
+    k = 12
+    data = kmeans_shard(X, w, X.sum(axis=0, dtype=np.float64), n_clusters=k, init="k-means++", comm=SELF, name="test")
+    ours_rng, their_rng = np.random.RandomState(8), np.random.RandomState(8)
+    ours = kmeans_plusplus(data, k, ours_rng, None) + data.mean
+    theirs, idx = sk_kmeans_plusplus(X.astype(np.float64), k, sample_weight=w, random_state=their_rng)
+    np.testing.assert_allclose(ours, X[idx].astype(np.float64), rtol=0, atol=1e-12 * np.abs(theirs).max())
+    assert ours_rng.random_sample() == their_rng.random_sample()
+
+
 def test_sample_weight_matches_sklearn(kernel_path):
     X = blobs()
     w = np.random.default_rng(0).uniform(0, 3, len(X))
@@ -580,6 +604,34 @@ def test_executors_agree_pass_by_pass(dtype, weighted):
     np.testing.assert_allclose(a[13], 1.0 + X.sum(axis=0, dtype=np.float64), rtol=1e-12)
     for close in (6, 7, 9, 10, 12, 13):
         np.testing.assert_allclose(a[close], b[close], rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_executors_agree_on_the_seeding_pass(dtype, weighted):
+    """The k-means++ pass of both executors, in each mode, equals the distances computed directly
+    (clipped at zero) to round-off, with a last chunk shorter than the others."""
+    rng = np.random.default_rng(6)
+    n, d, block = 1000, 7, 96
+    X = (rng.normal(size=(n, d)) + 5.0).astype(dtype)
+    mean = X.mean(axis=0, dtype=np.float64)
+    w = rng.uniform(0, 2, n) if weighted else np.empty(0)
+    points = np.subtract(X[[3, 500, 999]], mean, dtype=np.float64)
+    c_sq = np.einsum("ij,ij->i", points, points)
+    exact = ((np.subtract(X, mean, dtype=np.float64)[None, :, :] - points[:, None, :]) ** 2).sum(axis=2)
+    scale = float(exact.max())
+    for ex in (kernels(COMPILE_FROM), _kernels.NUMPY):
+        closest = np.full(n, np.nan)
+        unused = np.zeros(1)
+        ex.seed_distances(X, mean, points[:1], c_sq[:1], closest, w, weighted, unused, 0, block)
+        np.testing.assert_allclose(closest, exact[0], rtol=0, atol=1e-12 * scale)
+        assert closest[3] >= 0.0  # the point itself: clipped, never negative
+        pots = np.zeros(3)
+        ex.seed_distances(X, mean, points, c_sq, closest, w, weighted, pots, 1, block)
+        expected = np.minimum(exact, exact[0]) @ (w if weighted else np.ones(n))
+        np.testing.assert_allclose(pots, expected, rtol=1e-12)
+        ex.seed_distances(X, mean, points[2:], c_sq[2:], closest, w, weighted, unused, 2, block)
+        np.testing.assert_allclose(closest, np.minimum(exact[0], exact[2]), rtol=0, atol=1e-12 * scale)
 
 
 def test_small_fit_in_a_fresh_process_needs_no_compiled_code():
