@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 _DURATION = re.compile(r"^\s*([\d.]+)s (?:setup|call|teardown)\s+(\S+?)::")
 _SUMMARY = re.compile(r"(\d+) passed")
+_SESSION = re.compile(r" in ([\d.]+)s")
 
 
 def main() -> int:
@@ -49,14 +50,19 @@ def main() -> int:
             for name in order:
                 log = open(Path(tmp) / f"{name}.log", "w")
                 procs[name] = (start(trees[name], args.np, args.files, log), time.monotonic(), log)
-            for name, (proc, t0, log) in procs.items():
-                code = proc.wait()
-                wall = time.monotonic() - t0
-                log.close()
-                text = (Path(tmp) / f"{name}.log").read_text()
-                runs[name].append({"exit": code, "wall_s": round(wall, 1), "files_s": per_file(text),
-                                   "passed": int(m.group(1)) if (m := _SUMMARY.search(text)) else 0})
-                print(f"round {round_} {name}: exit {code}, {wall:.0f} s", flush=True)
+            while procs:  # each run's wall time when it ends, whichever ends first
+                for name, (proc, t0, log) in list(procs.items()):
+                    if (code := proc.poll()) is None:
+                        continue
+                    wall = time.monotonic() - t0
+                    log.close()
+                    del procs[name]
+                    text = (Path(tmp) / f"{name}.log").read_text()
+                    runs[name].append({"exit": code, "wall_s": round(wall, 1), "files_s": per_file(text),
+                                       "pytest_s": float(m.group(1)) if (m := _SESSION.search(text)) else None,
+                                       "passed": int(m.group(1)) if (m := _SUMMARY.search(text)) else 0})
+                    print(f"round {round_} {name}: exit {code}, {wall:.0f} s", flush=True)
+                time.sleep(0.5)
 
     summary = {}
     for name, rows in runs.items():
