@@ -11,7 +11,7 @@ import tempfile
 
 import numpy as np
 import pytest
-from support.keras_reference import relative_error, sharded_reference, weights_of
+from support.keras_reference import once, relative_error, sharded_reference, snapshot, weights_of
 from mpi4py import MPI
 from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
@@ -35,6 +35,20 @@ def digits():
     return (X / 16.0).astype(np.float32), y.astype(np.int64)
 
 
+@pytest.fixture(scope="module")
+def trained_on_1400(digits):
+    """A model's weights after one epoch on the first 1,400 rows, and its one-process scores on the
+    other 397: the same for every case, so trained and scored once, on rank 0."""
+    X, y = digits
+
+    def one_process():
+        model = mlp(3)
+        model.fit(X[:1400], y[:1400], batch_size=64, epochs=1, verbose=0)
+        return snapshot(model), model.evaluate(X[1400:], y[1400:], batch_size=64, verbose=0, return_dict=True)
+
+    return once(one_process)
+
+
 def mlp(seed: int = 0, *, hidden: int = 32, batchnorm: bool = False, optimizer=None, metrics=("accuracy",)):
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((64,)), keras.layers.Dense(hidden, activation="relu")]
@@ -53,6 +67,11 @@ def global_batches_order(n_total: int, per_rank: int) -> np.ndarray:
     return np.concatenate(
         [np.arange(lo + k * per_rank, lo + (k + 1) * per_rank) for k in range(steps) for lo, _ in bounds]
     )
+
+
+def statistics(model) -> np.ndarray:
+    """Every non-trainable variable (BatchNorm's moving statistics), flattened."""
+    return np.concatenate([np.ravel(v.numpy()) for v in model.non_trainable_variables] or [np.zeros(0)])
 
 
 class CountBatches(keras.callbacks.Callback):
@@ -78,19 +97,24 @@ def test_gradients_equal_single_process_full_batch(digits, make_optimizer):
     global_batch = 64
     Xl, yl = mpinb.shard(X, y)
     model = mlp(1, optimizer=make_optimizer())
-    reference = mlp(1, optimizer=make_optimizer())
-    reference.set_weights(model.get_weights())
+    initial = snapshot(model)
 
     history = mk.fit(model, Xl, yl, batch_size=global_batch, epochs=3, shuffle=False, verbose=0)
     order = global_batches_order(len(X), global_batch // SIZE)
-    ref_history = reference.fit(X[order], y[order], batch_size=global_batch, epochs=3, shuffle=False, verbose=0)
 
-    mine, ref = weights_of(model), weights_of(reference)
+    def one_process():
+        reference = mlp(1, optimizer=make_optimizer())
+        reference.set_weights(initial)
+        fitted = reference.fit(X[order], y[order], batch_size=global_batch, epochs=3, shuffle=False, verbose=0)
+        return weights_of(reference), fitted.history
+
+    ref, ref_history = once(one_process)
+    mine = weights_of(model)
     assert_everywhere(relative_error(mine, ref) < 1e-5, f"weights within 1e-5 of one process ({relative_error(mine, ref):.2e})")
     assert_same_everywhere(mine)  # bit-identical across ranks
     # Global logs are the single-process ones: the mean over ranks of equal-sized per-rank means.
-    np.testing.assert_allclose(history["loss"], ref_history.history["loss"], rtol=1e-5)
-    np.testing.assert_allclose(history["accuracy"], ref_history.history["accuracy"], rtol=1e-5)
+    np.testing.assert_allclose(history["loss"], ref_history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history["accuracy"], ref_history["accuracy"], rtol=1e-5)
     assert history["steps"] == [len(X) // global_batch] * 3
     np.testing.assert_allclose(np.mean(history["rank_loss"], axis=1), history["loss"], rtol=1e-6)
 
@@ -115,18 +139,18 @@ def test_uneven_digits_run_the_same_steps_everywhere(digits):
 
 
 @pytest.mark.parametrize("empty_rank", [False, True], ids=["uneven", "one_rank_empty"])
-def test_evaluate_is_exact_over_uneven_shards(digits, empty_rank):
+def test_evaluate_is_exact_over_uneven_shards(digits, trained_on_1400, empty_rank):
     X, y = digits
     Xt, yt = X[1400:], y[1400:]  # 397 rows
+    weights, whole = trained_on_1400
     model = mlp(3)
-    model.fit(X[:1400], y[:1400], batch_size=64, epochs=1, verbose=0)
+    model.set_weights(weights)
     mk.broadcast_state(model)  # one model everywhere, so the one-process reference is the same
     if empty_rank and SIZE > 1:
         lo, hi = (0, 0) if RANK == SIZE - 1 else mpinb.shard_bounds(len(Xt), rank=RANK, size=SIZE - 1)
     else:
         lo, hi = mpinb.shard_bounds(len(Xt), rank=RANK, size=SIZE)
     scores = mk.evaluate(model, Xt[lo:hi], yt[lo:hi], batch_size=16)
-    whole = model.evaluate(Xt, yt, batch_size=64, verbose=0, return_dict=True)
     assert sorted(scores) == sorted(whole)
     for key in whole:
         np.testing.assert_allclose(scores[key], whole[key], rtol=1e-6, err_msg=key)
@@ -139,7 +163,7 @@ def test_validation_logs_are_exact(digits):
     Xv, yv = mpinb.shard(X[1200:], y[1200:])
     model = mlp(4)
     history = mk.fit(model, Xl, yl, batch_size=64, epochs=1, validation_data=(Xv, yv), verbose=0)
-    whole = model.evaluate(X[1200:], y[1200:], verbose=0, return_dict=True)
+    whole = once(model.evaluate, X[1200:], y[1200:], verbose=0, return_dict=True)
     np.testing.assert_allclose(history["val_loss"][-1], whole["loss"], rtol=1e-6)
     np.testing.assert_allclose(history["val_accuracy"][-1], whole["accuracy"], rtol=1e-6)
 
@@ -510,14 +534,17 @@ def test_plain_model_fit_with_distributed_optimizer_and_callbacks_equals_one_pro
     history = model.fit(X[mine], y[mine], batch_size=per_rank, epochs=epochs, shuffle=False, callbacks=callbacks,
                         verbose=0)
 
-    reference = mlp(20, batchnorm=batchnorm)  # rank 0's initial weights, as BroadcastInitialState gives
-    ref_losses = sharded_reference(reference, X, y, per_rank, epochs, SIZE)
-    err = relative_error(weights_of(model), weights_of(reference))
+    def one_process():
+        reference = mlp(20, batchnorm=batchnorm)  # rank 0's initial weights, as BroadcastInitialState gives
+        losses = sharded_reference(reference, X, y, per_rank, epochs, SIZE)
+        return weights_of(reference), statistics(reference), losses
+
+    ref_weights, ref_stats, ref_losses = once(one_process)
+    err = relative_error(weights_of(model), ref_weights)
     assert_everywhere(err < 1e-5, f"weights within 1e-5 of one process ({err:.2e})")
     assert_same_everywhere(weights_of(model))
     if batchnorm:
-        stats = np.concatenate([np.ravel(v.numpy()) for v in model.non_trainable_variables])
-        ref_stats = np.concatenate([np.ravel(v.numpy()) for v in reference.non_trainable_variables])
+        stats = statistics(model)
         assert_everywhere(relative_error(stats, ref_stats) < 1e-5, "BatchNorm moving statistics match one process")
         assert_same_everywhere(stats)
     np.testing.assert_allclose(history.history["loss"], ref_losses, rtol=1e-5)

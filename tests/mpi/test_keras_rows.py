@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.keras_reference import proportional_batches, proportional_reference, relative_error, weights_of
+from support.keras_reference import (fresh, once, proportional_batches, proportional_reference, relative_error,
+                                     snapshot, weights_of)
 from mpi4py import MPI
 from support.mpitools import assert_everywhere, assert_same_everywhere
 
@@ -18,6 +19,7 @@ COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
 LOSS = "sparse_categorical_crossentropy"
 N, BATCH = 600, 64  # 10 steps per epoch, the last one of 24 rows
+OPTIMIZERS = {"adam": lambda: keras.optimizers.Adam(0.01), "sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.9)}
 
 
 @pytest.fixture(scope="module")
@@ -42,22 +44,28 @@ def split(kind: str) -> list[np.ndarray]:
     return [np.arange(lo, hi) for lo, hi in zip([0, *ends[:-1]], ends)]
 
 
-def mlp(seed: int, *, batchnorm: bool = False, optimizer=None):
+def mlp(seed: int, *, batchnorm: bool = False, optimizer: str = "adam"):
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((64,)), keras.layers.Dense(32, activation="relu")]
     if batchnorm:
         layers.append(keras.layers.BatchNormalization())
     layers.append(keras.layers.Dense(10, activation="softmax"))
     model = keras.Sequential(layers)
-    model.compile(optimizer=optimizer() if optimizer else keras.optimizers.Adam(0.01), loss=LOSS, metrics=["accuracy"])
+    model.compile(optimizer=OPTIMIZERS[optimizer](), loss=LOSS, metrics=["accuracy"])
     return model
 
 
-def twins(seed: int, **kwargs):
-    """A model and its one-process reference, starting from the same weights."""
-    model, reference = mlp(seed, **kwargs), mlp(seed, **kwargs)
-    reference.set_weights(model.get_weights())
-    return model, reference
+def one_process(initial, train, *, batchnorm: bool = False, optimizer: str = "adam"):
+    """The one-process reference, computed on rank 0 alone (see ``once``): an ``mlp`` of the same
+    kind in the state of a new one with the weights ``initial`` (see ``fresh``), trained by
+    ``train(reference)``. Every rank gets its weights and what ``train`` returned."""
+    def run():
+        reference = fresh(f"rows-{optimizer}-{batchnorm}", lambda: mlp(0, batchnorm=batchnorm, optimizer=optimizer),
+                          initial)
+        result = train(reference)
+        return weights_of(reference), result
+
+    return once(run)
 
 
 def union_order(shards: list[np.ndarray]) -> np.ndarray:
@@ -73,14 +81,15 @@ def test_every_row_once_and_each_step_equals_one_process_on_the_union(digits, ki
     X, y = digits
     shards = split(kind)
     mine = shards[RANK]
-    model, reference = twins(1)
-    history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-
+    model = mlp(1)
     order = union_order(shards)
     assert sorted(order.tolist()) == list(range(N))  # the plan uses every row once
-    ref = reference.fit(X[order], y[order], batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    initial = snapshot(model)
+    history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    ref_weights, ref = one_process(
+        initial, lambda r: r.fit(X[order], y[order], batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history)
 
-    err = relative_error(weights_of(model), weights_of(reference))
+    err = relative_error(weights_of(model), ref_weights)
     assert_everywhere(err < 1e-5, f"{kind}: weights within 1e-5 of one process on the union ({err:.1e})")
     assert_same_everywhere(weights_of(model))
     assert history["steps"] == [-(-N // BATCH)] * 2
@@ -103,18 +112,21 @@ def test_batchnorm_statistics_per_local_batch_weighted_by_rows(digits, kind):
     mine = shards[RANK]
     # SGD, not Adam: the bias before BatchNorm has a zero gradient up to round-off, which Adam
     # would blow up to full-size steps, different in each summation order.
-    model, reference = twins(2, batchnorm=True, optimizer=lambda: keras.optimizers.SGD(0.05, momentum=0.9))
+    model = mlp(2, batchnorm=True, optimizer="sgd")
+    initial = snapshot(model)
     history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
                      validation_data=(X[mine], y[mine]))
-    losses = proportional_reference(reference, X, y, proportional_batches(shards, BATCH), epochs=2)
+    # Validation on every rank's rows with the synced statistics: one process on all rows.
+    ref_weights, (losses, whole) = one_process(
+        initial, lambda r: (proportional_reference(r, X, y, proportional_batches(shards, BATCH), epochs=2),
+                            r.evaluate(X, y, batch_size=128, verbose=0, return_dict=True)),
+        batchnorm=True, optimizer="sgd")
 
-    err = relative_error(weights_of(model), weights_of(reference))  # moving statistics included
+    err = relative_error(weights_of(model), ref_weights)  # moving statistics included
     assert_everywhere(err < 1e-5, f"{kind}: BatchNorm model within 1e-5 of the reference ({err:.1e})")
     assert_same_everywhere(weights_of(model))
     assert_everywhere(np.all(np.isfinite(weights_of(model))), "no NaN from the steps without rows")
     np.testing.assert_allclose(history["loss"], losses, rtol=1e-5)
-    # Validation on every rank's rows with the synced statistics: one process on all rows.
-    whole = reference.evaluate(X, y, batch_size=128, verbose=0, return_dict=True)
     np.testing.assert_allclose(history["val_loss"][-1], whole["loss"], rtol=1e-5)
 
 
@@ -123,11 +135,13 @@ def test_accumulating_two_steps_equals_one_process_on_twice_the_batch(digits, ki
     X, y = digits
     shards = split(kind)
     mine = shards[RANK]
-    model, reference = twins(3)
-    history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, shuffle=False, accumulate_steps=2, verbose=0)
+    model = mlp(3)
     order = union_order(shards)
-    reference.fit(X[order], y[order], batch_size=2 * BATCH, epochs=2, shuffle=False, verbose=0)
-    err = relative_error(weights_of(model), weights_of(reference))
+    initial = snapshot(model)
+    history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, shuffle=False, accumulate_steps=2, verbose=0)
+    ref_weights, _ = one_process(
+        initial, lambda r: r.fit(X[order], y[order], batch_size=2 * BATCH, epochs=2, shuffle=False, verbose=0).history)
+    err = relative_error(weights_of(model), ref_weights)
     assert_everywhere(err < 1e-5, f"{kind}: accumulate_steps=2 within 1e-5 of one process on 2x the batch ({err:.1e})")
     assert history["steps"] == [10, 10] and history["params"]["accumulate_steps"] == 2
 
@@ -195,7 +209,7 @@ def test_evaluate_and_validation_pipelines_score_the_union_of_the_rows(digits, k
     validation, validation_steps = pipeline(kind, X[mine], y[mine])
     history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, verbose=0,
                      validation_data=validation, validation_steps=validation_steps)
-    whole = model.evaluate(X, y, batch_size=128, verbose=0, return_dict=True)  # one model everywhere
+    whole = once(model.evaluate, X, y, batch_size=128, verbose=0, return_dict=True)  # one model everywhere
     np.testing.assert_allclose(history["val_loss"][-1], whole["loss"], rtol=1e-6)
     np.testing.assert_allclose(history["val_accuracy"][-1], whole["accuracy"], rtol=1e-6)
     data, steps = pipeline(kind, X[mine], y[mine], batch=7)
@@ -239,13 +253,14 @@ def test_known_length_pipelines_use_every_batch_weighted_by_rows(digits, kind, k
     X, y = digits
     shards = split(kind_of_split)
     mine = shards[RANK]
-    model, reference = twins(8)
+    model = mlp(8)
+    union = UnionBatches(X, y, shards, 16)
+    initial = snapshot(model)
     data, _ = pipeline(kind, X[mine], y[mine])  # batches of 16, each rank's last one smaller
     history = mk.fit(model, data, epochs=2, verbose=0)
-    union = UnionBatches(X, y, shards, 16)
-    ref = reference.fit(union, epochs=2, shuffle=False, verbose=0).history
+    ref_weights, ref = one_process(initial, lambda r: r.fit(union, epochs=2, shuffle=False, verbose=0).history)
 
-    err = relative_error(weights_of(model), weights_of(reference))
+    err = relative_error(weights_of(model), ref_weights)
     assert_everywhere(err < 1e-5, f"{kind} {kind_of_split}: within 1e-5 of one process on the union ({err:.1e})")
     assert_same_everywhere(weights_of(model))
     assert history["steps"] == [len(union)] * 2 and history["params"]["shards"] == "proportional"
@@ -263,12 +278,15 @@ def test_weight_averages_weighted_by_rows_equal_one_process_on_the_union(digits,
     X, y = digits
     shards = split(kind)
     mine = shards[RANK]
-    model, reference = twins(9, optimizer=lambda: keras.optimizers.SGD(0.05, momentum=0.9))
+    model = mlp(9, optimizer="sgd")
+    order = union_order(shards)
+    initial = snapshot(model)
     history = mk.fit(model, X[mine], y[mine], batch_size=BATCH, epochs=2, shuffle=False, strategy="weights",
                      average_every=1, verbose=0)
-    order = union_order(shards)
-    ref = reference.fit(X[order], y[order], batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
-    err = relative_error(weights_of(model), weights_of(reference))
+    ref_weights, ref = one_process(
+        initial, lambda r: r.fit(X[order], y[order], batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history,
+        optimizer="sgd")
+    err = relative_error(weights_of(model), ref_weights)
     assert_everywhere(err < 1e-5, f"{kind}: weights strategy within 1e-5 of one process on the union ({err:.1e})")
     assert_same_everywhere(weights_of(model))
     assert history["rows_used"] == [[len(s) for s in shards]] * 2

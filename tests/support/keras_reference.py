@@ -1,7 +1,7 @@
 """One-process references for data-parallel Keras training: what N ranks compute, step by step.
 
 Shared by the tests in this folder that check ``mpinb.keras`` exactly against one process. Nothing
-here communicates; Keras and TensorFlow are imported only by the function that trains.
+here communicates except :func:`once`; Keras and TensorFlow are imported only by the functions that train.
 """
 
 from __future__ import annotations
@@ -12,12 +12,54 @@ import numpy as np
 
 import mpinb
 
-__all__ = ["proportional_batches", "proportional_reference", "relative_error", "sharded_order", "sharded_reference",
-           "weights_of"]
+__all__ = ["fresh", "once", "proportional_batches", "proportional_reference", "relative_error", "sharded_order",
+           "sharded_reference", "snapshot", "weights_of"]
+
+# One compiled reference model per architecture and optimizer, per process (see ``fresh``).
+_REUSED: dict[str, tuple[Any, list[np.ndarray]]] = {}
 
 
 def weights_of(model) -> np.ndarray:
     return np.concatenate([np.ravel(w) for w in model.get_weights()])
+
+
+def snapshot(model) -> list[np.ndarray]:
+    """``model.get_weights()``, copied: TensorFlow may hand out views of the variables' buffers,
+    which the model's training then overwrites."""
+    return [np.array(w, copy=True) for w in model.get_weights()]
+
+
+def fresh(key: str, build, weights: Sequence[np.ndarray]):
+    """``build()``'s compiled model, in the state of a new one whose weights are ``weights``.
+
+    Local. Keras traces ``fit``'s train step once per model, and that tracing, not the training,
+    is most of what a one-process reference costs. So the first call per ``key`` (one architecture,
+    loss, metrics and optimizer) builds the model and its optimizer and records the optimizer's
+    initial state (step counter, learning rate, zero slots); later calls put that state and
+    ``weights`` back into the same model, whose traced step Keras reuses. ``build`` must give the
+    same architecture and optimizer for the same ``key``.
+    """
+    if key not in _REUSED:
+        model = build()
+        model.optimizer.build(model.trainable_variables)
+        _REUSED[key] = (model, [np.array(v.numpy(), copy=True) for v in model.optimizer.variables])
+    model, initial = _REUSED[key]
+    for variable, value in zip(model.optimizer.variables, initial):
+        variable.assign(value)
+    model.set_weights(weights)
+    model.stop_training = False
+    return model
+
+
+def once(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` computed on rank 0 alone, its result (NumPy arrays, lists) on every rank.
+
+    Collective. A one-process reference is the same computation on every rank, and tracing and
+    running it dominates these tests: with 4 ranks on 2 cores, every rank doing it took twice the
+    wall time of one. The other ranks wait in mpinb's collective wait, which sleeps, so rank 0 has
+    a core to itself. Return plain values only: a model does not cross ranks.
+    """
+    return mpinb.on_root(fn, *args, **kwargs)
 
 
 def relative_error(a: np.ndarray, b: np.ndarray) -> float:
