@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from ipyparallel.error import CompositeError
+from support.cells import errors_by_rank
 
 import mpinb
 from mpinb.interrupt import INTERRUPT_GRACE
@@ -156,18 +157,8 @@ class Engines:
 
     def wait(self, ar: Any) -> set[int]:
         """Wait for a cell on every rank; the ranks whose engines raised out of it."""
-        ar.wait(timeout=HANG)
-        if not ar.ready():
-            pending = [r for r, mid in enumerate(ar.msg_ids) if mid in self.cluster.client.outstanding]
-            raise AssertionError(f"the cell still runs on ranks {pending} after {HANG:g} s")
-        try:
-            ar.get(timeout=0)
-        except CompositeError as err:
-            rank_of = {eid: r for r, eid in enumerate(self.cluster.ids_by_rank)}
-            self.last_errors = {rank_of[info["engine_id"]]: f"{name}: {value}" for name, value, _, info in err.elist}
-            return set(self.last_errors)
-        self.last_errors = {}
-        return set()
+        self.last_errors = errors_by_rank(self.cluster, ar, HANG)
+        return set(self.last_errors)
 
     def recovered(self, marker: str) -> None:
         """The next collective gives the right value on every rank, and the engines kept their variables."""

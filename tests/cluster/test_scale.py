@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from ipyparallel.error import CompositeError
+from support.cells import errors_by_rank
 
 import mpinb
 
@@ -89,16 +89,7 @@ class Engines:
 
     def wait(self, ar: Any) -> dict[int, str]:
         """Wait for a cell on every rank; each failing rank's error, by rank."""
-        ar.wait(timeout=HANG)
-        if not ar.ready():
-            pending = [r for r, mid in enumerate(ar.msg_ids) if mid in self.cluster.client.outstanding]
-            raise AssertionError(f"the cell still runs on ranks {pending} after {HANG:g} s")
-        try:
-            ar.get(timeout=0)
-        except CompositeError as err:
-            rank_of = {eid: r for r, eid in enumerate(self.cluster.ids_by_rank)}
-            return {rank_of[info["engine_id"]]: f"{name}: {value}" for name, value, _, info in err.elist}
-        return {}
+        return errors_by_rank(self.cluster, ar, HANG)
 
     def run(self, code: str) -> tuple[dict[int, str], list[dict[str, Any] | None]]:
         errors = self.wait(self.cluster.view.execute(code, block=False))

@@ -1,0 +1,22 @@
+"""How the cluster tests wait for a cell on every rank and read who failed (``errors_by_rank``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ipyparallel.error import CompositeError
+
+
+def errors_by_rank(cluster: Any, ar: Any, hang: float) -> dict[int, str]:
+    """Wait up to ``hang`` seconds for the cell behind ``ar`` on every rank (else fail the test,
+    naming the ranks still running it); each failing rank's ``"Name: message"``, by MPI rank."""
+    ar.wait(timeout=hang)
+    if not ar.ready():
+        pending = [r for r, mid in enumerate(ar.msg_ids) if mid in cluster.client.outstanding]
+        raise AssertionError(f"the cell still runs on ranks {pending} after {hang:g} s")
+    try:
+        ar.get(timeout=0)
+    except CompositeError as err:
+        rank_of = {eid: r for r, eid in enumerate(cluster.ids_by_rank)}
+        return {rank_of[info["engine_id"]]: f"{name}: {value}" for name, value, _, info in err.elist}
+    return {}
