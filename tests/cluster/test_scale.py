@@ -58,15 +58,15 @@ ERROR = f"record = None\nif rank == {ODD}:\n    1 / 0\n{ENTER}\n"
 INTERRUPT = f"""
 record = None
 publish_data({{"started": True}})
-if rank == {ODD}:
-    attempt(lambda: time.sleep(60))
-else:
-    {ENTER}
-if record["raised"] != "KeyboardInterrupt":
-    try:
+try:
+    if rank == {ODD}:
+        attempt(lambda: time.sleep(60))
+    else:
+        {ENTER}
+    if record["raised"] != "KeyboardInterrupt":
         time.sleep(5)
-    except KeyboardInterrupt:
-        pass
+except KeyboardInterrupt:
+    pass  # this rank's own SIGINT, come after its outcome was recorded (16 ranks share 2 cores)
 """
 # Rank 0 alone has a deadline; rank ODD is late; the others wait with none, and are still in the
 # cell, so only rank 0's revocation -- passed on from rank to rank -- can end their wait.
