@@ -74,11 +74,14 @@ def worker(config: dict) -> None:
 
     trials = {"tree": [], "flat": []}
     warnings.simplefilter("ignore", RuntimeWarning)  # "another rank gave up on ...": expected here
+    tree = notices.children
+    # "flat": the layer before its tree, the origin sending to every member itself and nobody relaying.
+    shapes = {"tree": tree, "flat": lambda rank, group: group[1:] if group and group[0] == rank else []}
     for t in range(config["trials"]):
         for shape in ("tree", "flat") if t % 2 == 0 else ("flat", "tree"):
-            notices._FLAT = shape == "flat"
+            notices.children = shapes[shape]
             trials[shape].append(_recovery_trial(comm, mpinb, notices, MPI))
-    notices._FLAT = False
+    notices.children = tree
     comm.Free()
     if rank == 0:
         Path(config["out"]).write_text(json.dumps({"overhead": overhead, "trials": trials}))

@@ -31,7 +31,6 @@ CELL_END = 78  # tag of cell-end notes, to the ranks on other hosts
 #: Notes this process has sent, by tag: what the scaling benchmark counts per revocation.
 sent: dict[int, int] = {REVOKED: 0, CELL_END: 0}
 
-_FLAT = False  # the benchmark's before/after switch: the origin sends to every member itself
 
 
 def members(tag: int, wire: tuple[int, tuple[int, ...], Any], hosts: list[str]) -> list[int]:
@@ -52,8 +51,6 @@ def children(rank: int, group: list[int]) -> list[int]:
     if rank not in group:
         return []  # the origin sent to this rank directly: it passes nothing on
     v, n = group.index(rank), len(group)
-    if _FLAT:
-        return group[1:] if v == 0 else []
     step = 1
     while step <= v:
         step <<= 1
