@@ -268,6 +268,12 @@ class Op:
         except PeerGaveUp as gave_up:
             self.chan.abandon(self, requests, keep, None)
             self.settled = True
+            if phase == _board.ARRIVING and gave_up.note.get("cell", 0) < self.cell:
+                # A rank gave up on a collective of an earlier cell that this one's arrival met at
+                # the same place (this rank left that cell before it): this is not the abandoned
+                # collective, so it runs again on the next generation, as a completed arrival of
+                # two cells does -- never raises for a cell it was not part of.
+                raise Retry from None
             raise _interrupt.instead_if_pending(texts.abandoned_error(self, gave_up.note)) from None
         except PeerLeft as left:
             why = f"rank {left.rank} {left.what}"
