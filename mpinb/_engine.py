@@ -40,7 +40,8 @@ def set_up(started_by_mpinb: bool, one_machine: bool = False) -> None:
     environment) is kept. TensorFlow's C++ start-up lines would print once per rank in ``%%px``.
     Engines started elsewhere (``MPICluster.connect``) are left as their owner configured them.
     With ``one_machine`` (every rank on this machine), Hydra's control port answers loopback alone
-    (:mod:`mpinb._listeners`).
+    (:mod:`mpinb._listeners`); the engines ``MPICluster`` starts there did so from their first line
+    (:mod:`mpinb._engine_boot`), so this only catches engines a user's ``engine_cmd`` started.
     """
     import mpinb
     from mpinb._listeners import confine_inherited_listeners

@@ -4,7 +4,8 @@
 Works on a fresh clone with only Python 3.11+: it creates ``.venv`` (MPI from the ``mpich`` wheel,
 TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
 
-- ``unit``       one process, ``pytest tests/unit``;
+- ``unit``       one process, ``pytest tests/unit``, beside the 1-rank MPI tier when both run (each
+                 keeps about one core busy);
 - ``mpi``        ``mpiexec -n N python -m mpi4py -m pytest tests/mpi`` for N in 1, 2, 3, 4, each under a
                  hard timeout (an exception on one rank aborts the job instead of hanging it);
 - ``cluster``    real ipyparallel clusters of MPI engines: start, connect, restart, interrupts,
@@ -35,9 +36,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
@@ -99,7 +103,13 @@ def main() -> int:
 
     failures: list[str] = []
     started = time.monotonic()
-    for tier in args.tier or TIERS:
+    tiers, sizes = list(args.tier or TIERS), [int(s) for s in args.np.split(",")]
+    # The unit tier and the 1-rank MPI tier each keep about one core busy: on CI's two cores they
+    # run side by side (about two minutes saved), the unit tier's output printed when it ends.
+    unit_beside = "unit" in tiers and "mpi" in tiers and 1 in sizes
+    for tier in tiers:
+        if tier == "unit" and unit_beside:
+            continue
         tier_dir = ROOT / "tests" / tier
         if not any(tier_dir.glob("test_*.py")):
             print(f"[run.py] tier {tier}: no tests yet", flush=True)
@@ -111,21 +121,24 @@ def main() -> int:
             (reports / f"{tier}.json").write_text(json.dumps(skip))
             continue
         if tier == "mpi":
-            for n in (int(s) for s in args.np.split(",")):
+            for n in sizes:
+                beside = Beside(lambda log: run_tier("unit", env, extra, log)) if unit_beside and n == 1 else None
                 t0 = time.monotonic()
-                print(f"\n[run.py] tier mpi at {n} rank(s)", flush=True)
+                print(f"\n[run.py] tier mpi at {n} rank(s)" + (", beside tier unit" if beside else ""), flush=True)
                 code = run_mpi_tier(n, env, extra)
                 print(f"[run.py] tier mpi at {n} rank(s): exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
                 if code != 0:
                     failures.append(f"mpi -n {n} (exit {code})")
+                if beside is not None:
+                    code = beside.finish()
+                    print(f"\n[run.py] tier unit (beside mpi at 1 rank)\n{beside.output}", end="", flush=True)
+                    print(f"[run.py] tier unit: exit {code} in {beside.seconds:.0f} s", flush=True)
+                    if code not in (0, 5):
+                        failures.append(f"unit (exit {code})")
         else:
             t0 = time.monotonic()
             print(f"\n[run.py] tier {tier}", flush=True)
-            code = run(
-                [sys.executable, "-m", "pytest", str(tier_dir), "-q", f"--timeout={PER_TEST_TIMEOUT}", *extra],
-                dict(env, MPINB_TEST_TIER=tier),
-                TIER_TIMEOUT[tier],
-            )
+            code = run_tier(tier, env, extra)
             print(f"[run.py] tier {tier}: exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
             if code not in (0, 5):
                 failures.append(f"{tier} (exit {code})")
@@ -149,6 +162,36 @@ def main() -> int:
     return 1 if failures or failed else 0
 
 
+def run_tier(tier: str, env: dict[str, str], extra: list[str], log: Any = None) -> int:
+    """One pytest process for a tier that is not ``mpi``."""
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / tier), "-q", f"--timeout={PER_TEST_TIMEOUT}", *extra]
+    return run(cmd, dict(env, MPINB_TEST_TIER=tier), TIER_TIMEOUT[tier], log)
+
+
+class Beside:
+    """A tier running on a thread beside the next one, its output kept in a file until it ends."""
+
+    def __init__(self, body: Callable[[Any], int]) -> None:
+        self._log = tempfile.TemporaryFile("w+")
+        self._code = 1
+        self._t0 = time.monotonic()
+        self.seconds, self.output = 0.0, ""
+
+        def target() -> None:
+            self._code = body(self._log)
+            self.seconds = time.monotonic() - self._t0
+
+        self._thread = threading.Thread(target=target, daemon=True)
+        self._thread.start()
+
+    def finish(self) -> int:
+        self._thread.join()
+        self._log.seek(0)
+        self.output = self._log.read()
+        self._log.close()
+        return self._code
+
+
 def run_mpi_tier(n: int, env: dict[str, str], extra: list[str]) -> int:
     from mpinb.client.launch import find_mpiexec, mpi_env
 
@@ -170,9 +213,10 @@ def tier_unavailable(tier: str) -> str | None:
     return importlib.import_module(f"support.{module}").unavailable_reason()
 
 
-def run(cmd: list[str], env: dict[str, str], timeout: float) -> int:
-    """Run in a new session; on timeout kill the whole group so no rank survives."""
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
+def run(cmd: list[str], env: dict[str, str], timeout: float, log: Any = None) -> int:
+    """Run in a new session (output to ``log`` if given); on timeout kill the whole group so no rank survives."""
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, stdout=log,
+                            stderr=None if log is None else subprocess.STDOUT)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

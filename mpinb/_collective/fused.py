@@ -54,6 +54,12 @@ class Fused:
         self.plain = [all(self.results[self.small[j]] == wire for j in self.packing.members(b))
                       and (op != "mean" or wire.kind in "fc") for b, wire in enumerate(self.packing.dtypes)]
         self.shapes = shapes
+        # Per packed buffer, its arrays in order: one concatenate fills it (a copy per array cost
+        # microseconds of Python each, the larger part of a fused call of fifty small arrays).
+        self.members = [[self.small[j] for j in self.packing.members(b)] for b in range(len(self.packing.dtypes))]
+        # Each small array's result: (index, buffer, start, stop, shape, a view of the wire as it is).
+        self.unpack = [(i, b, start, stop, shapes[i], self.plain[b] and op != "mean")
+                       for (b, start, stop), i in zip(self.packing.slots, self.small)]
         # The wire: the packed buffers, then one buffer per array that travels alone.
         self.pool = BufferPool([*self.packing.lengths, *[sizes[i] for i, *_ in self.alone]],
                                [*self.packing.dtypes, *[wire for _, wire, _, _, _ in self.alone]])
@@ -74,9 +80,9 @@ class Fused:
 
     def run(self, values: list[np.ndarray], call: Any, out: list[np.ndarray] | None) -> list[Any]:
         wire = self.pool.take()
-        packed = wire[: len(self.packing.dtypes)]
-        for (b, start, stop), i in zip(self.packing.slots, self.small):
-            np.copyto(packed[b][start:stop], values[i].reshape(-1), casting="unsafe")
+        packed = wire[: len(self.members)]
+        for buf, members in zip(packed, self.members):
+            np.concatenate([values[i] for i in members], axis=None, out=buf, casting="unsafe")
         reduce_in_place: list[np.ndarray] = list(packed)
         pairs: list[tuple[np.ndarray, np.ndarray]] = []
         alone: list[tuple[int, np.ndarray]] = []
@@ -102,14 +108,13 @@ class Fused:
         results: list[Any] = [None] * self.n
         # A plain buffer's results are views of it, divided in place for a mean: no unpacking copy
         # (the pool keeps the buffer until they are dropped).
-        finished = [(i, (view[()] if view.ndim == 0 else view) if self.plain[b] and self.op != "mean"
-                     else self._finish(view, i, size))
-                    for (b, _, _), i, view in zip(self.packing.slots, self.small, self.packing.views(packed))]
-        finished += [(i, self._finish(recv, i, size)) for i, recv in alone]
-        for i, value in finished:
-            if out is None:
-                results[i] = value
-            else:
+        for i, b, start, stop, shape, as_is in self.unpack:
+            view = packed[b][start:stop]
+            results[i] = (view.reshape(shape) if shape else view[0]) if as_is else self._finish(view, i, size)
+        for i, recv in alone:
+            results[i] = self._finish(recv, i, size)
+        if out is not None:
+            for i, value in enumerate(results):
                 if not np.may_share_memory(value, out[i]):
                     np.copyto(out[i], value, casting="unsafe")
                 results[i] = out[i]

@@ -9,6 +9,7 @@ new start-up argument is a field here, its check in :meth:`LaunchOptions.check`,
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -120,7 +121,8 @@ class LaunchOptions:
                       **self.env}
         engines, launch, controller_ip = "mpi", {
             "MPILauncher": {"mpi_cmd": [find_mpiexec()], "mpi_args": list(self.mpi_args)},
-            "MPIEngineSetLauncher": {"environment": engine_env},
+            "MPIEngineSetLauncher": {"environment": engine_env,
+                                     **({"engine_cmd": ENGINE_BOOT} if self.on_this_machine else {})},
         }, self.controller_ip or "127.0.0.1"
         if slurm is not None:  # a Slurm job or step instead: mpinb.client.slurm decides how
             (engines, launch), controller_ip = slurm.settings(), slurm.controller_ip(self.controller_ip)
@@ -128,12 +130,16 @@ class LaunchOptions:
                            config=_config(launch, self.config), **self.cluster_kwargs)
 
 
+# The engines of a one-machine cluster: Hydra's wildcard port is confined to loopback from their
+# first line (mpinb._engine_boot), then ipyparallel's engine runs with its usual arguments.
+ENGINE_BOOT = [sys.executable, "-m", "mpinb._engine_boot"]
+
 # mpiexec's options that put ranks on other hosts.
 _HOST_OPTIONS = frozenset({"f", "hostfile", "machinefile", "host", "hosts", "hostlist"})
 # When every rank runs on this machine, MPI's network transports stay on loopback: UCX (the mpich
 # wheel's) and libfabric's TCP provider (conda-forge's MPICH) would otherwise listen on every
 # address the machine has. (Hydra's own control port ignores these: it binds every address, and
-# the engines filter it to loopback instead, mpinb._listeners.)
+# the engines filter it to loopback instead, from their first line: ENGINE_BOOT.)
 _LOOPBACK = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}
 
 

@@ -29,8 +29,8 @@ def cluster_processes() -> list[psutil.Process]:
             cmd = " ".join(proc.cmdline())
         except psutil.Error:
             continue
-        if any(tag in cmd for tag in ("ipyparallel.engine", "ipyparallel.controller", "mpiexec", "hydra_pmi_proxy",
-                                      "permuted_engine", "mpinb.client._watchdog")):
+        if any(tag in cmd for tag in ("ipyparallel.engine", "mpinb._engine_boot", "ipyparallel.controller", "mpiexec",
+                                      "hydra_pmi_proxy", "permuted_engine", "mpinb.client._watchdog")):
             found.append(proc)
     return found
 

@@ -5,8 +5,10 @@ mpinb collective makes them raise within a second, naming it and what it raised;
 never pairs with a stale collective; a late rank's stale call raises instead of pairing with the
 others' next one; a cell sent to some engines only is refused at once; a failure in the middle of
 ``KMeans.fit`` on one rank ends every rank's wait. After every trial, a collective on every rank
-gives the right value and the engines' variables are intact. 2 and 4 ranks, several trials each
-(``MPINB_CELL_TRIALS``).
+gives the right value and the engines' variables are intact. 2 and 4 ranks, two trials each
+(``MPINB_CELL_TRIALS``; more when a change touches the cells). The orderings these trials meet by
+chance -- a rank already in its next cell's collective when the others reach the one it left, or
+only after they gave it up -- are forced one by one on mpiexec ranks in ``tests/mpi/test_cells.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from support.cells import errors_by_rank
 import mpinb
 from mpinb.interrupt import INTERRUPT_GRACE
 
-TRIALS = int(os.environ.get("MPINB_CELL_TRIALS", "4"))
+TRIALS = int(os.environ.get("MPINB_CELL_TRIALS", "2"))
 PROMPT = 1.0  # seconds: the issue's bound for "a waiting rank learns that a rank left its cell"
 HANG = 20.0  # a cell still running this long counts as hung
 
@@ -210,7 +212,7 @@ def test_a_rank_that_leaves_its_cell_ends_the_others_wait_at_once(engines: Engin
     engines.recovered(marker)
 
 
-@pytest.mark.parametrize("trial", range(TRIALS // 2))
+@pytest.mark.parametrize("trial", range(max(1, TRIALS // 2)))
 def test_a_second_try_in_the_same_cell_does_not_wait_for_a_rank_that_left(engines: Engines, trial: int) -> None:
     marker = _mark(engines, "twice", trial)
     records = engines.run(TWICE)

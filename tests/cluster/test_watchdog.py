@@ -43,7 +43,8 @@ def test_a_cluster_ends_within_10_s_of_its_owner_being_killed_and_leaves_no_file
         procs = [psutil.Process(p) for p in cluster]
         kinds = [(p.name(), " ".join(p.cmdline())) for p in procs]
         # The controller, mpiexec (with its proxy) and both engines are all being watched.
-        engines = [c for name, c in kinds if name.startswith("python") and "ipyparallel.engine" in c and "nanny" not in c]
+        engines = [c for name, c in kinds if name.startswith("python") and "nanny" not in c
+                   and ("ipyparallel.engine" in c or "mpinb._engine_boot" in c)]
         assert len(engines) == 2, kinds
         assert any("ipyparallel.controller" in c for _, c in kinds) and any("mpiexec" in n for n, _ in kinds), kinds
         owner.send_signal(signal.SIGKILL)

@@ -76,29 +76,48 @@ def _attempt(fn: Callable[[], Any]) -> tuple[Any, BaseException | None]:
         return None, err
 
 
+# Rank 1 leaves cell A without its collective, then runs cell B at once (its collective meets the
+# others' A at the same place in the sequence) or only after the others gave A up.
+ORDERINGS = {"next-cell-at-once": 0.0, "next-cell-after-the-revocation": 1.5}
+# How rank 1 leaves cell A: an error before the collective, or returning early.
+LEAVES = {"error": "raised ZeroDivisionError: division by zero", "return": "ended normally"}
+
+
 @pytest.mark.mpi_sizes(2, 3, 4)
-def test_a_queued_cell_never_pairs_with_the_collective_its_rank_left(dup: Any) -> None:
-    """Rank 1 fails in cell A before a collective and is already waiting in cell B's when the
-    others reach A's. With three ranks or more the last one is late for A, so A's arrival cannot
-    complete: rank 0 sees rank 1 left A and gives up on it, and its notice reaches rank 1 inside
-    B's arrival, at the same place in the sequence. That notice is about A: B's collective runs again on
-    the fresh communicator and gets the right value; A's raises on every rank that called it."""
+@pytest.mark.parametrize("leaves", list(LEAVES))
+@pytest.mark.parametrize("ordering", list(ORDERINGS))
+def test_a_rank_that_left_its_cell_never_keeps_the_others_waiting_nor_pairs_with_them(
+        dup: Any, ordering: str, leaves: str) -> None:
+    """Cell A: rank 1 leaves without A's collective, which every other rank calls (with three
+    ranks or more the last one late, so A's arrival cannot complete: the others must see that rank
+    1 left). Cell B: every rank's collective. A's callers raise promptly, naming rank 1 and how it
+    left; the late one raises as the late call of the abandoned collective; B's collective gets the
+    right value everywhere. At once, rank 1's B meets the others' A at the same place: the
+    revocation of A reaches it inside B's arrival, which runs again on the fresh communicator."""
     a, b = next(_ids), next(_ids)
     late = SIZE - 1 if SIZE >= 3 else None
     with cell(a) as in_a:
         if RANK == 1:
-            raise ZeroDivisionError("division by zero")
-        time.sleep(0.3 if RANK == 0 else 1.0 if RANK == late else 0.3)  # rank 1 waits in B first
-        a_value, a_error = _attempt(lambda: _value(dup, 1.0))
+            if leaves == "error":
+                raise ZeroDivisionError("division by zero")
+        else:
+            time.sleep(1.0 if RANK == late else 0.3)  # rank 1 is in B first when B comes at once
+            began = time.monotonic()
+            a_value, a_error = _attempt(lambda: _value(dup, 1.0))
+            waited = time.monotonic() - began
+    if RANK == 1:
+        time.sleep(ORDERINGS[ordering])
     with cell(b) as in_b:
         b_value = _value(dup, 10.0)
     assert_everywhere(in_b["error"] is None and b_value == _expected(10.0),
                       f"cell B's collective: {in_b['error']!r}, {b_value if in_b['error'] is None else None}")
     if RANK == 1:
-        assert isinstance(in_a["error"], ZeroDivisionError)
-    else:
-        assert a_value is None and a_error is not None, f"rank {RANK}: cell A's collective returned {a_value}"
-        if RANK == late:
-            assert "came too late" in str(a_error), str(a_error)
-        elif late is not None:
-            assert "rank 1 ended its cell (raised ZeroDivisionError" in str(a_error), str(a_error)
+        assert (in_a["error"] is None) == (leaves == "return"), repr(in_a["error"])
+        return
+    assert a_value is None and a_error is not None, f"rank {RANK}: cell A's collective returned {a_value}"
+    if RANK == late:
+        assert "came too late" in str(a_error), str(a_error)
+    elif late is not None or ordering != "next-cell-at-once":
+        # (At two ranks, at once, A's arrival completes with rank 1's B: a meeting of two cells.)
+        assert f"rank 1 ended its cell ({LEAVES[leaves]})" in str(a_error), str(a_error)
+        assert waited < 1.0, f"rank {RANK} waited {waited:.2f} s for a rank that had left its cell"

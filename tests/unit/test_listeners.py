@@ -55,3 +55,29 @@ def test_an_inherited_wildcard_listener_is_filtered_to_loopback_and_closed(loopb
         # The filter the child attached is the socket's, so it holds here, after the child is gone.
         assert _answers("127.0.0.1", port)
         assert [_answers(address, port) for address in outside] == [not loopback_only] * len(outside)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket filters are Linux's")
+def test_a_one_machine_cluster_starts_its_engines_filtered_from_their_first_line() -> None:
+    """MPICluster's engines on one machine start as ``mpinb._engine_boot``, which filters Hydra's port
+    before ipyparallel's engine runs (here it prints its version and exits); elsewhere they start
+    as ipyparallel's own engines, as remote proxies need that port."""
+    from mpinb.client._options import ENGINE_BOOT, LaunchOptions
+
+    def engine_cmd(options: LaunchOptions) -> object:
+        return options.make_cluster(2).config.MPIEngineSetLauncher.get("engine_cmd")
+
+    assert engine_cmd(LaunchOptions()) == ENGINE_BOOT
+    assert engine_cmd(LaunchOptions(mpi_args=("-hosts", "a,b"))) is None
+    outside = _outside_addresses()
+    if not outside:
+        pytest.skip("this machine has no address beyond loopback to probe from")
+    with socket.socket() as server:
+        server.bind(("0.0.0.0", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        child = subprocess.run([*ENGINE_BOOT, "--version"], pass_fds=[server.fileno()], capture_output=True,
+                               text=True, timeout=60, check=True)
+        assert child.stdout.strip(), child.stderr  # ipyparallel's engine ran after the filter
+        assert _answers("127.0.0.1", port)
+        assert not any(_answers(address, port) for address in outside)
