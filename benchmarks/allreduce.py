@@ -9,6 +9,8 @@ float32 arrays of uneven sizes (like a model's layers) totalling 64 KiB, 1 MiB, 
 - ``fused``          ``mpinb.allreduce(arrays)``: the public API, returning new arrays (the caller
                      drops them, so mpinb's wire buffers are reused from call to call);
 - ``fused_out``      ``mpinb.allreduce(arrays, out=outs)`` into preallocated arrays;
+- ``fused_in_place`` ``mpinb.allreduce(arrays, out=arrays)``: the same in-place reduction as
+                     ``per_array``, fused (large arrays reduced where they are, small ones packed);
 - ``per_array``      50 ``comm.Allreduce(MPI.IN_PLACE, a)`` calls on reused arrays: the fastest
                      thing a user replacing ``mpinb.allreduce`` with a loop could write;
 - ``per_array_fresh`` 50 ``comm.Allreduce(a, np.empty_like(a))``: the same loop delivering new
@@ -24,7 +26,8 @@ holds medians (and the raw times), the ratios, and bus bandwidth ``2 (p - 1) / p
 (the ring-allreduce convention) beside a memcpy bandwidth measured in the same run.
 
 Targets (printed as PASS/FAIL, informational; the exit status is 0 either way), at every world
-size: fused <= 0.5 x per_array at 64 KiB and <= 1.0 x at every larger size; one_array <= 1.1 x plain.
+size: fused (and fused_in_place, its like-for-like form) <= 0.5 x per_array at 64 KiB and <= 1.0 x at
+every larger size; one_array <= 1.1 x plain.
 """
 
 from __future__ import annotations
@@ -45,9 +48,10 @@ N_ARRAYS = 50
 DTYPE = np.float32
 PAYLOADS = [64 << 10, 1 << 20, 16 << 20, 64 << 20]
 QUICK_PAYLOADS = [64 << 10, 1 << 20, 16 << 20]
-METHODS = ("fused", "fused_out", "per_array", "per_array_fresh", "plain", "one_array")
+METHODS = ("fused", "fused_out", "fused_in_place", "per_array", "per_array_fresh", "plain", "one_array")
 # (numerator, denominator, limit for a payload): the most the ratio of medians may be.
 TARGETS = [("fused", "per_array", lambda nbytes: 0.5 if nbytes <= 64 << 10 else 1.0),
+           ("fused_in_place", "per_array", lambda nbytes: 0.5 if nbytes <= 64 << 10 else 1.0),
            ("one_array", "plain", lambda nbytes: 1.1)]
 RESULTS = Path(__file__).resolve().parent / "results" / "allreduce.json"
 
@@ -96,6 +100,7 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
         arrays = make_arrays(nbytes, seed=rank)
         outs = [np.empty_like(a) for a in arrays]
         zeros = [np.zeros_like(a) for a in arrays]
+        zeros_fused = [np.zeros_like(a) for a in arrays]
         packed = np.zeros(sum(a.size for a in arrays), dtype=DTYPE)
 
         def per_array(zeros: list[np.ndarray] = zeros) -> None:
@@ -113,6 +118,7 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
         runs = {
             "fused": lambda arrays=arrays: mpinb.allreduce(arrays, comm=comm),
             "fused_out": lambda arrays=arrays, outs=outs: mpinb.allreduce(arrays, out=outs, comm=comm),
+            "fused_in_place": lambda z=zeros_fused: mpinb.allreduce(z, out=z, comm=comm),
             "per_array": per_array,
             "per_array_fresh": per_array_fresh,
             "plain": lambda packed=packed: comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM),
@@ -147,13 +153,14 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
             "min_seconds": {m: min(v) for m, v in times.items()},
             "bus_bandwidth_GBps": {m: 2 * (p - 1) / p * nbytes / med[m] / 1e9 for m in METHODS},
             "ratios": {f"{a}/{b}": med[a] / med[b] for a, b in
-                       [("fused", "per_array"), ("fused_out", "per_array"), ("fused", "plain"),
+                       [("fused", "per_array"), ("fused_out", "per_array"), ("fused_in_place", "per_array"),
+                        ("fused", "plain"),
                         ("one_array", "plain"), ("per_array_fresh", "per_array")]},
             "fused_equals_per_array": bool(np.array_equal(flat_fused, flat_ref)),
             "max_difference_relative": float(np.abs(flat_fused - flat_ref).max()) / scale,
             "seconds": times,
         })
-        del arrays, outs, zeros, packed, fused, reference, flat_fused, flat_ref
+        del arrays, outs, zeros, zeros_fused, packed, fused, reference, flat_fused, flat_ref
     # memcpy measured on rank 0 while the other ranks wait in a barrier.
     bw = memcpy_bandwidth() if rank == 0 else 0.0
     comm.Barrier()

@@ -84,7 +84,7 @@ def allreduce(arrays: Sequence[np.ndarray], op: str = "sum", *, out: Sequence[np
     checking every rank passed the same shapes, dtypes and ``op``; results in ``out`` if given."""
     fused = plan(arrays, op)
     if out is not None:
-        out = fused.check_out(out)
+        out = fused.check_out(out, arrays)
     with collective(comm, name, fused, timeout=timeout, what=what or f"{name}'s shapes, dtypes and op") as call:
         return fused.run(arrays, call, out)
 

@@ -71,9 +71,12 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
     does (counted from the later of the signal and the wait's start, so a rank that computed
     through the signal still votes). That includes a wait on a thread of TensorFlow's, which SIGINT never reaches.
     """
-    testall = MPI.Request.Testall
+    # One request (the usual case) is tested on its own: Testall converts the list to MPI's array on
+    # every call, and MPI progresses the operation only while it is tested, so a slower test is a
+    # slower message (fifty 335 KiB reductions at 2 ranks: about 1 ms of 7).
+    done = requests[0].Test if len(requests) == 1 else (lambda: MPI.Request.Testall(requests))
     for _ in range(_QUICK):
-        if testall(requests):  # most waits of a short operation end here, before any bookkeeping
+        if done():  # most waits of a short operation end here, before any bookkeeping
             return
     now = began = time.monotonic()
     spin_until = now + (_DATA_SPIN if spin is None else spin)
@@ -87,7 +90,7 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
     pause = _FIRST_PAUSE
     gen = None if op is None else op.gen
     while True:
-        if testall(requests):
+        if done():
             return
         now = time.monotonic()
         if now >= check_at:
@@ -97,7 +100,7 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
             if note is not None and note["rank"] != chan.rank and op.index >= note["index"]:
                 raise PeerGaveUp(note)
             if deadline is not None and now >= deadline:
-                if testall(requests):  # the last rank may have arrived while this one slept
+                if done():  # the last rank may have arrived while this one slept
                     return
                 raise DeadlinePassed
             if now >= watch_at:
@@ -105,7 +108,7 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
                 if spin is not None and op is not None:
                     left = chan.departed(op)
                     if left is not None:
-                        if testall(requests):
+                        if done():
                             return
                         raise PeerLeft(*left)
                     if op.notice_due(now):
