@@ -72,7 +72,9 @@ def assign(
     """Nearest centre of every row, in chunks, writing ``labels`` in place. Local.
 
     ``centers`` are centred (``c - mean``). Per chunk, one GEMM in the data's precision gives
-    ``-2 x.c'`` and the executor's argmin adds ``q = |c'|^2 + 2 mean.c'`` in float64, so the
+    ``-2 x.c'`` and the executor's argmin adds ``q = |c'|^2 + 2 mean.c'`` in the same precision
+    (float32 data compare in float32, as scikit-learn's float32 path does: converting every
+    distance to float64 cost about 15% of an iteration and decides only near-ties), so the
     block is ``|x' - c'|^2 - |x'|^2`` (``x`` is used uncentred in the product, which needs no
     centred copy of the rows). With ``track=(rows, old)`` buffers, the changed rows and their
     old labels are recorded there (for an incremental update of the sums) until the buffers are
@@ -86,7 +88,7 @@ def assign(
         run_on = kernels(n * k)
     gemm_dtype = np.float32 if X.dtype == np.float32 else np.float64
     c2t = np.ascontiguousarray((-2.0 * centers).T, dtype=gemm_dtype)
-    q = np.ascontiguousarray(np.einsum("ij,ij->i", centers, centers) + 2.0 * (centers @ mean))
+    q = np.ascontiguousarray(np.einsum("ij,ij->i", centers, centers) + 2.0 * (centers @ mean), dtype=gemm_dtype)
     block = chunk_rows(k, _ASSIGN_BLOCK_ELEMENTS, maximum=_MAX_BLOCK_ROWS)
     if track is None:
         rows, old = np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int32)

@@ -88,7 +88,7 @@ def chunks(n: int, step: int) -> Iterator[tuple[int, int]]:
 
 
 def _argmin_rows(dist, q, labels, start, track_rows, track_old, recorded):
-    v = dist + q  # float64 even for a float32 block, as the compiled pass adds
+    v = dist + q  # in the block's precision (q has it), as the compiled pass adds
     new = v.argmin(axis=1).astype(labels.dtype, copy=False)  # first minimum: lowest index on ties
     differ = np.flatnonzero(new != labels)
     changed = int(differ.size)
