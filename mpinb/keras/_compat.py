@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["alias_exported_name", "built_for", "in_xla_context", "retrace", "serialise_as", "set_steps_per_execution"]
+__all__ = ["alias_exported_name", "built_for", "compile_generation", "in_xla_context", "retrace", "serialise_as",
+           "set_steps_per_execution", "traced_step", "use_traced_step"]
 
 
 def retrace(model: Any) -> None:
@@ -23,6 +24,30 @@ def retrace(model: Any) -> None:
     public way, at the price of losing compiled metrics' state).
     """
     model.train_function = None
+
+
+def traced_step(model: Any) -> Any:
+    """The train step Keras traced for the next ``fit`` (``None``: it will trace one).
+
+    Private: ``model.train_function`` (Keras 3.15.1), as in :func:`retrace`. mpinb.keras.fit keeps it
+    from one fit to the next (:mod:`mpinb.keras._step`). Fallback: ``None``, so every fit traces.
+    """
+    return getattr(model, "train_function", None)
+
+
+def use_traced_step(model: Any, function: Any) -> None:
+    """Make the next ``fit`` run ``function``, a step :func:`traced_step` returned earlier (see there)."""
+    model.train_function = function
+
+
+def compile_generation(model: Any) -> Any:
+    """An object that ``model.compile`` replaces on every call, or ``None`` if there is none.
+
+    Private: Keras 3.15.1 makes a new ``_compile_config`` in every ``compile``; a train step traced
+    before a ``compile`` may run another loss, metrics or optimizer. Fallback, if it moves: ``None``,
+    and mpinb.keras.fit traces every fit's step afresh, as before it kept them.
+    """
+    return getattr(model, "_compile_config", None)
 
 
 def set_steps_per_execution(model: Any, steps: int) -> None:

@@ -72,8 +72,6 @@ def weighted_by_rows(model: Any, plan: BatchPlan, shards: str, exchange: TensorE
 
         loop.weigh_epoch = weigh_epoch
         empty_steps = plan.batches is not None and plan.batches[rank] < plan.steps
-    counter = StepRows()
-    loop.rows = counter
     if exchange is not None:
         if plan.sizes is not None:
             # Also on one rank: accumulated micro-steps count by their rows (the epoch's last is smaller).
@@ -81,11 +79,14 @@ def weighted_by_rows(model: Any, plan: BatchPlan, shards: str, exchange: TensorE
         else:
             exchange.weigh_by_batch(True)
     guard = [v for v in model.non_trainable_variables if np.dtype(str(v.dtype)).kind == "f"] if empty_steps else []
-    counter.install(model, exchange=exchange, guard=guard)
+    counter = StepRows.enter(model, exchange=exchange, guard=guard)
+    loop.rows = counter
+    completed = False
     try:
         yield
+        completed = True
     finally:
-        StepRows.remove(model)
+        counter.leave(model, completed=completed)
         metrics.weights = None
         sync.share = None
         loop.rows = loop.weigh_epoch = None

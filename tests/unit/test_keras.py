@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import numpy as np
 import pytest
@@ -345,3 +347,35 @@ def test_pipeline_arguments_for_validation_and_evaluate_are_checked():
         mk.fit(model, X, y, batch_size=64, validation_data=((X, y) for _ in range(3)), verbose=0, comm=SELF)
     with pytest.raises(ValueError, match="y must be None when x is a generator"):
         mk.evaluate(model, ((X, y) for _ in range(3)), y, comm=SELF)
+
+
+def test_a_refit_reuses_the_last_fits_trace_and_trains_exactly_as_a_fresh_trace(monkeypatch):
+    """fit traces its wrapped train step once per model: the next fit of the same model reuses
+    it (no new trace), unless something the trace depends on changed (here: accumulation, then
+    compile again), and trains bit for bit as a freshly traced step would."""
+    from mpinb.keras import _step
+
+    installs = []
+    install = _step.StepRows.install
+    monkeypatch.setattr(_step.StepRows, "install", lambda self, *a, **k: (installs.append(1), install(self, *a, **k)))
+    X, y = data(250)  # an uneven last batch: two input shapes traced
+    kept, fresh = mlp(seed=3), mlp(seed=3)
+    for model, forget in ((kept, False), (fresh, True)):
+        for epochs in (1, 2):
+            if forget:
+                vars(model).pop(_step.KEPT, None)
+            mk.fit(model, X, y, batch_size=32, epochs=epochs, seed=1, verbose=0, comm=SELF)
+    assert len(installs) == 1 + 2  # kept: one trace for both fits; fresh: one per fit
+    for a, b in zip(kept.get_weights(), fresh.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+    mk.fit(kept, X, y, batch_size=32, epochs=1, accumulate_steps=2, verbose=0, comm=SELF)
+    assert len(installs) == 4, "accumulating micro-steps (another step) must trace again"
+    kept.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+    mk.fit(kept, X, y, batch_size=32, epochs=1, verbose=0, comm=SELF)
+    assert len(installs) == 5, "a model compiled again must trace again"
+    assert "train_step" not in vars(kept), "after fit the model has its own train step back"
+    gone = weakref.ref(kept)
+    del kept, model
+    gc.collect()
+    assert gone() is None, "a kept trace must not keep its model alive"
