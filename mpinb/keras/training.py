@@ -92,7 +92,10 @@ def fit(
         worth setting: Keras's fixed cost of about 1.5 ms per call (on a 2-core machine) is then
         paid once per N steps, while the gradients are still averaged every step. Epochs and weight
         averages end on execution boundaries (N is lowered for this fit, with a warning, when it
-        does not divide them), and a stop takes effect at the end of an execution.
+        does not divide them), and a stop takes effect at the end of an execution. The train step
+        is traced once per model: the next ``fit`` of the same model (the next cell) reuses it,
+        unless the model was compiled again or the step changed (accumulation, steps per
+        execution, the gradient weighting of arrays against pipelines).
     x, y : array_like, or a data pipeline and None
         This rank's training rows (arrays, or a list/dict of arrays for multi-input models; a
         ``scipy.sparse`` matrix for ``x``, as Keras accepts, is fed as sparse batches); or,
