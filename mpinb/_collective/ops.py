@@ -253,9 +253,15 @@ class Op:
                 f"{self.name} #{self.index} stopped on rank {self.chan.rank}: another rank had given up on this "
                 f"collective. {texts.NEXT}", operation=self.name, reason="abandoned", rank=self.chan.rank,
             )
-        if note.get("cell", 0) < self.cell:
+        if self.of_a_later_cell(note):
             raise Retry
         raise _interrupt.instead_if_pending(texts.stale_error(self.name, self.index, self.chan.rank, note))
+
+    def of_a_later_cell(self, note: dict[str, Any]) -> bool:
+        """Whether this operation belongs to a later cell than the collective ``note`` abandoned:
+        then it is not that collective, and runs again on the next generation -- it never raises
+        for a cell it was not part of."""
+        return note.get("cell", 0) < self.cell
 
     def _wait(self, requests: list[Any], keep: Any, phase: int = _board.MOVING, spin: float | None = None) -> None:
         try:
@@ -268,11 +274,9 @@ class Op:
         except PeerGaveUp as gave_up:
             self.chan.abandon(self, requests, keep, None)
             self.settled = True
-            if phase == _board.ARRIVING and gave_up.note.get("cell", 0) < self.cell:
-                # A rank gave up on a collective of an earlier cell that this one's arrival met at
-                # the same place (this rank left that cell before it): this is not the abandoned
-                # collective, so it runs again on the next generation, as a completed arrival of
-                # two cells does -- never raises for a cell it was not part of.
+            if phase == _board.ARRIVING and self.of_a_later_cell(gave_up.note):
+                # Its arrival met, at the same place, a collective of an earlier cell that a rank
+                # gave up on (this rank left that cell before it).
                 raise Retry from None
             raise _interrupt.instead_if_pending(texts.abandoned_error(self, gave_up.note)) from None
         except PeerLeft as left:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from ipyparallel.error import CompositeError
-from support.cells import errors_by_rank
+from support.cells import ATTEMPT, errors_by_rank
 
 import mpinb
 from mpinb.interrupt import INTERRUPT_GRACE
@@ -30,20 +30,6 @@ TRIALS = int(os.environ.get("MPINB_CELL_TRIALS", "2"))
 PROMPT = 1.0  # seconds: the issue's bound for "a waiting rank learns that a rank left its cell"
 HANG = 20.0  # a cell still running this long counts as hung
 
-ATTEMPT = """
-record = None
-
-def attempt(fn):
-    '''Run fn and record, as `record`, what it returned or raised, and when.'''
-    global record
-    began = time.time()
-    try:
-        value, err = fn(), None
-    except BaseException as caught:  # KeyboardInterrupt included
-        value, err = None, caught
-    record = {"value": value, "raised": None if err is None else type(err).__name__,
-              "message": "" if err is None else str(err), "began": began, "ended": time.time()}
-"""
 
 SETUP = """
 import time

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.cells import errors_by_rank
+from support.cells import ATTEMPT, errors_by_rank
 
 import mpinb
 
@@ -34,19 +34,7 @@ from ipyparallel.datapub import publish_data
 mpinb.set_collective_timeout(None)
 rank = mpinb.world().rank
 mpinb.allreduce([np.ones(1)])  # the channel's set-up, before the trials
-
-def attempt(fn):
-    '''Run fn and record, as `record`, what it raised and when.'''
-    global record
-    began = time.time()
-    try:
-        fn()
-        err = None
-    except BaseException as caught:  # KeyboardInterrupt included: it is one of the outcomes
-        err = caught
-    record = {"raised": None if err is None else type(err).__name__, "message": "" if err is None else str(err),
-              "began": began, "ended": time.time()}
-"""
+""" + ATTEMPT
 
 ENTER = "attempt(lambda: mpinb.allreduce([np.full(3, rank + 1.0)]))"
 SKIP = f"record = None\nif rank != {ODD}:\n    {ENTER}\n"

@@ -1,10 +1,28 @@
-"""How the cluster tests wait for a cell on every rank and read who failed (``errors_by_rank``)."""
+"""How the cluster tests record each rank's outcome of a cell (``ATTEMPT``), wait for a cell on
+every rank and read who failed (``errors_by_rank``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ipyparallel.error import CompositeError
+
+# Engine-side code (with ``time`` imported): ``attempt(fn)`` runs fn and leaves, as ``record``,
+# what it returned or raised, and when, for the client to pull.
+ATTEMPT = """
+record = None
+
+def attempt(fn):
+    '''Run fn and record, as `record`, what it returned or raised, and when.'''
+    global record
+    began = time.time()
+    try:
+        value, err = fn(), None
+    except BaseException as caught:  # KeyboardInterrupt included
+        value, err = None, caught
+    record = {"value": value, "raised": None if err is None else type(err).__name__,
+              "message": "" if err is None else str(err), "began": began, "ended": time.time()}
+"""
 
 
 def errors_by_rank(cluster: Any, ar: Any, hang: float) -> dict[int, str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 import pytest
@@ -37,24 +39,31 @@ def _answers(address: str, port: int) -> bool:
         return True
 
 
+def _after_child(argv: Callable[[int], list[str]], outside: list[str]) -> tuple[Any, bool, list[bool]]:
+    """Run ``argv(fd)`` holding a wildcard listener as Hydra's port reaches an engine (the same
+    socket, inherited across exec, as descriptor ``fd``); then whether the listener answers on
+    loopback and on each of ``outside``. A filter the child attached is the socket's, so it holds
+    here, after the child is gone."""
+    with socket.socket() as server:
+        server.bind(("0.0.0.0", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        child = subprocess.run(argv(server.fileno()), pass_fds=[server.fileno()], capture_output=True, text=True,
+                               timeout=60, check=True)
+        return child, _answers("127.0.0.1", port), [_answers(address, port) for address in outside]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket filters are Linux's")
 @pytest.mark.parametrize("loopback_only", [True, False])
 def test_an_inherited_wildcard_listener_is_filtered_to_loopback_and_closed(loopback_only: bool) -> None:
     outside = _outside_addresses()
     if not outside:
         pytest.skip("this machine has no address beyond loopback to probe from")
-    with socket.socket() as server:
-        server.bind(("0.0.0.0", 0))
-        server.listen()
-        port = server.getsockname()[1]
-        # As Hydra's port reaches an engine: the same socket, inherited across exec.
-        argv = [sys.executable, "-c", _CHILD, str(server.fileno()), "1" if loopback_only else "0"]
-        child = subprocess.run(argv, pass_fds=[server.fileno()], capture_output=True, text=True, timeout=60,
-                               check=True)
-        assert child.stdout.split() == ["closed"], child.stderr
-        # The filter the child attached is the socket's, so it holds here, after the child is gone.
-        assert _answers("127.0.0.1", port)
-        assert [_answers(address, port) for address in outside] == [not loopback_only] * len(outside)
+    child, on_loopback, elsewhere = _after_child(
+        lambda fd: [sys.executable, "-c", _CHILD, str(fd), "1" if loopback_only else "0"], outside)
+    assert child.stdout.split() == ["closed"], child.stderr
+    assert on_loopback
+    assert elsewhere == [not loopback_only] * len(outside)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket filters are Linux's")
@@ -72,12 +81,7 @@ def test_a_one_machine_cluster_starts_its_engines_filtered_from_their_first_line
     outside = _outside_addresses()
     if not outside:
         pytest.skip("this machine has no address beyond loopback to probe from")
-    with socket.socket() as server:
-        server.bind(("0.0.0.0", 0))
-        server.listen()
-        port = server.getsockname()[1]
-        child = subprocess.run([*ENGINE_BOOT, "--version"], pass_fds=[server.fileno()], capture_output=True,
-                               text=True, timeout=60, check=True)
-        assert child.stdout.strip(), child.stderr  # ipyparallel's engine ran after the filter
-        assert _answers("127.0.0.1", port)
-        assert not any(_answers(address, port) for address in outside)
+    child, on_loopback, elsewhere = _after_child(lambda fd: [*ENGINE_BOOT, "--version"], outside)
+    assert child.stdout.strip(), child.stderr  # ipyparallel's engine ran after the filter
+    assert on_loopback
+    assert not any(elsewhere)
