@@ -15,6 +15,7 @@ answer comes even while the rank computes in C code, sleeps or is blocked in its
 from __future__ import annotations
 
 import faulthandler
+import fcntl
 import mmap
 import os
 import re
@@ -158,13 +159,13 @@ class Board:
             except OSError:
                 pass
 
-    def ask_where(self, ranks: list[int], timeout: float = 0.3) -> dict[int, str]:
+    def ask_where(self, ranks: list[int], timeout: float = 1.0) -> dict[int, str]:
         """Where each of ``ranks`` (on this host) is in its Python code: ``"time.sleep in f (cell.py:3)"``.
 
         Signals each of them (checking first that its PID is still the process that wrote the row)
         and reads the stack its handler wrote; ranks that do not answer within ``timeout`` are left out.
         """
-        asked: dict[int, tuple[int, int]] = {}
+        pending: dict[int, tuple[int, int, int]] = {}  # rank -> (where fd, PID, main thread)
         for rank in ranks:
             words = self.peers.get(rank)
             if words is None:
@@ -173,22 +174,45 @@ class Board:
             fd = _peer_where.get((pid, started))
             if fd is None or not started or _started(pid) != started:
                 continue  # gone, or its PID now names another process: never signal that one
-            try:
-                os.ftruncate(fd, 0)
-                os.kill(pid, _WHERE_SIGNAL)
-            except OSError:
-                continue
-            asked[rank] = (fd, int(words[_MAIN_THREAD]))
+            pending[rank] = (fd, pid, int(words[_MAIN_THREAD]))
         found: dict[int, str] = {}
+        if not pending or not _asking.acquire(timeout=timeout):
+            return found
+        asked: dict[int, float] = {}  # rank -> when it was last signalled
         give_up = time.monotonic() + timeout
-        while asked and time.monotonic() < give_up:
-            time.sleep(0.005)
-            for rank, (fd, main) in list(asked.items()):
-                text = os.pread(fd, 1 << 16, 0).decode(errors="replace")
-                where = _innermost(text, main)
-                if where is not None:
-                    found[rank] = where
-                    del asked[rank]
+        try:
+            while True:  # read first: a rank that slept past the deadline still reads what came
+                for rank, (fd, pid, main) in list(pending.items()):
+                    if rank in asked:
+                        where = _innermost(_read_all(fd), main)
+                        if where is not None:
+                            found[rank] = where
+                            del pending[rank]
+                            fcntl.flock(fd, fcntl.LOCK_UN)
+                            continue
+                    elif not _try_lock(fd):
+                        continue  # another rank on this host is asking it: ours comes after
+                    if time.monotonic() - asked.get(rank, -_ASK_AGAIN) >= _ASK_AGAIN:
+                        # Asked again when silent: a signal that comes while the handler still
+                        # writes an earlier answer (on another thread) is dropped by faulthandler.
+                        # The file is emptied only the first time, so a slow answer is never cut.
+                        try:
+                            if rank not in asked:
+                                os.ftruncate(fd, 0)
+                            os.kill(pid, _WHERE_SIGNAL)
+                        except OSError:
+                            del pending[rank]
+                            fcntl.flock(fd, fcntl.LOCK_UN)
+                            continue
+                        asked[rank] = time.monotonic()
+                if not pending or time.monotonic() >= give_up:
+                    break
+                time.sleep(0.005)
+        finally:
+            for rank in pending:
+                if rank in asked:
+                    fcntl.flock(pending[rank][0], fcntl.LOCK_UN)
+            _asking.release()
         return found
 
     def enter(self, gen: int, index: int, name: str, phase: int) -> None:
@@ -253,6 +277,22 @@ _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the mpinb 
 # signal), named by PID and start time so that the ranks on its host find it; they keep it open.
 _own_where: str | None = None
 _peer_where: dict[tuple[int, int], int] = {}
+# One asker at a time per where file: an asker's truncation would cut another's answer short. The
+# ranks on a host take its lock (flock), the threads of a process this one.
+_asking = threading.Lock()
+_ASK_AGAIN = 0.1  # seconds without an answer before the signal is sent again
+
+
+def _read_all(fd: int) -> str:
+    return os.pread(fd, min(os.fstat(fd).st_size, 1 << 22), 0).decode(errors="replace")
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
 
 
 def _where_path(folder: str, pid: int, started: int) -> str:
@@ -290,19 +330,23 @@ def _started(pid: int) -> int:
 
 
 def _innermost(dump: str, main: int) -> str | None:
-    """The main thread's innermost frame outside mpinb in a faulthandler dump (``None`` until the
-    dump of that thread is complete)."""
-    if not dump.endswith("\n"):
-        return None
-    blocks = dump.split("\n\n")
-    for block in blocks:
-        lines = block.strip("\n").splitlines()
-        if not lines or f"0x{main:016x}" not in lines[0]:
+    """The main thread's innermost frame outside mpinb in faulthandler dumps (``None`` until one is
+    written). The first dump in ``dump`` whose main-thread block shows it wins; a line still being
+    written, and lines of an answer cut short before its header, are skipped."""
+    header = f"0x{main:016x}"
+    in_main = inside = False
+    for line in dump.splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
+        if line.startswith(("Thread 0x", "Current thread 0x")) or not line.strip():
+            if in_main and inside:
+                return "inside mpinb"  # the whole block is mpinb's own frames
+            in_main, inside = header in line, False
             continue
-        frames = [m for m in map(_FRAME.match, lines[1:]) if m is not None]
-        outside = [m for m in frames if not m["file"].startswith(_OWN + os.sep)]
-        if not outside:
-            return None if not frames else "inside mpinb"
-        top = outside[0]
-        return f"{top['func']} ({os.path.basename(top['file'])}:{top['line']})"
+        frame = _FRAME.match(line) if in_main else None
+        if frame is None:
+            continue
+        if not frame["file"].startswith(_OWN + os.sep):
+            return f"{frame['func']} ({os.path.basename(frame['file'])}:{frame['line']})"
+        inside = True
     return None

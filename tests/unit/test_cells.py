@@ -77,6 +77,78 @@ def test_ask_where_names_the_function_another_process_is_in(tmp_path) -> None:
                 os.unlink(os.path.join(os.path.dirname(path), name))
 
 
+_ASKER = """
+import sys, time
+from mpinb._collective import board
+path, start, rounds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+me = board.Board()
+me.open_peers({1: path}, leader=0)
+for i in range(rounds):
+    while time.time() < start + 0.1 * i:  # every asker asks at the same moment
+        pass
+    print(me.ask_where([1]).get(1), flush=True)
+me.unlink()
+"""
+
+
+def test_ranks_asking_one_process_at_once_all_get_its_answer(tmp_path) -> None:
+    """Every waiting rank on a host asks a late rank at about the same moment: each must get the
+    answer (an asker's truncation must not cut another's, nor a signal be lost while the late
+    rank's handler still writes), even with threads that make each answer long."""
+    child = tmp_path / "child.py"
+    child.write_text(textwrap.dedent("""
+        import threading, time
+        from mpinb._collective import board
+        b = board.Board()
+        def deep(n):
+            return deep(n - 1) if n else time.sleep(60)
+        for _ in range(8):
+            threading.Thread(target=deep, args=(30,), daemon=True).start()
+        print(b.path, flush=True)
+        def crunch_numbers():
+            time.sleep(60)
+        crunch_numbers()
+    """))
+    (tmp_path / "asker.py").write_text(_ASKER)
+    proc = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, text=True)
+    askers = []
+    try:
+        path = proc.stdout.readline().strip()
+        start = time.time() + 1.0
+        askers = [subprocess.Popen([sys.executable, str(tmp_path / "asker.py"), path, str(start), "8"],
+                                   stdout=subprocess.PIPE, text=True) for _ in range(4)]
+        answers = [a.communicate(timeout=60)[0].split("\n")[:-1] for a in askers]
+        assert answers == [["crunch_numbers (child.py:11)"] * 8] * 4, answers
+    finally:
+        for a in askers:
+            a.kill()
+        proc.kill()
+        proc.wait()
+        folder = os.path.dirname(path)
+        for name in os.listdir(folder):
+            if name.startswith(f"mpinb-where-{proc.pid}-") or path.endswith(name):
+                os.unlink(os.path.join(folder, name))
+
+
+def test_an_answer_cut_short_or_still_being_written_is_never_misread() -> None:
+    main = 0x7F00AA
+    own = os.path.join(_board._OWN, "_collective", "wait.py")
+
+    def dump(*frames: str) -> str:
+        other = 'Thread 0x00000000000000bb (most recent call first):\n  File "/x/threading.py", line 5 in run\n\n'
+        lines = "".join(f'  File "{file}", line {line} in {func}\n' for file, line, func in frames)
+        return other + f"Current thread 0x{main:016x} (most recent call first):\n" + lines
+
+    answer = dump((own, 3, "poll"), ("/work/cell.py", 7, "crunch"), ("/work/cell.py", 9, "<module>"))
+    assert _board._innermost(answer, main) == "crunch (cell.py:7)"
+    assert _board._innermost(answer[:answer.index("cell.py")], main) is None  # the line is not whole yet
+    assert _board._innermost(answer[answer.index("poll"):], main) is None  # its header was cut away
+    # A tail cut short, then a whole answer (faulthandler writes dumps one after the other).
+    assert _board._innermost(answer[answer.index("poll"):] + answer, main) == "crunch (cell.py:7)"
+    assert _board._innermost(dump((own, 3, "poll")) + "\n", main) == "inside mpinb"
+    assert _board._innermost(dump((own, 3, "poll")), main) is None  # more frames may follow
+
+
 def test_ask_where_never_signals_a_process_that_is_gone() -> None:
     me, gone = _board.Board(), _board.Board()
     try:
