@@ -10,7 +10,7 @@ aligned views without copying them).
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -87,20 +87,28 @@ class BufferPool:
     new one is made, and kept if fewer than ``keep`` are.
     """
 
-    def __init__(self, lengths: Sequence[int], dtypes: Sequence[np.dtype], *, align: int = 64, keep: int = 4) -> None:
+    def __init__(self, lengths: Sequence[int], dtypes: Sequence[np.dtype], *, align: int = 64, keep: int = 4,
+                 views: Callable[[list[np.ndarray]], list[np.ndarray | None]] | None = None) -> None:
         self.specs = [(int(n), np.dtype(d)) for n, d in zip(lengths, dtypes, strict=True)]
         self.align, self.keep = max(int(align), 1), keep
+        self._views = views
         self._sets: list[_BufferSet] = []
 
     def take(self) -> list[np.ndarray]:
         """An idle set of buffers (its padding between arrays is still zero; the rest is stale)."""
+        return self.take_with_views()[0]
+
+    def take_with_views(self) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+        """An idle set of buffers, and the views of it that the pool's ``views`` made once for the
+        set (slicing and reshaping fifty small arrays on every call cost more than their message).
+        A view handed out keeps the set in use until it is dropped, like any other."""
         for bufs in self._sets:
             if bufs.idle():
-                return bufs.buffers
-        bufs = _BufferSet(self.specs, self.align)
+                return bufs.buffers, bufs.views
+        bufs = _BufferSet(self.specs, self.align, self._views)
         if len(self._sets) < self.keep:
             self._sets.append(bufs)
-        return bufs.buffers
+        return bufs.buffers, bufs.views
 
     @property
     def made(self) -> int:
@@ -109,9 +117,11 @@ class BufferPool:
 
 
 class _BufferSet:
-    """One allocation carved into aligned buffers; idle when only the set refers to its memory."""
+    """One allocation carved into aligned buffers, and views of them made once; idle when only the
+    set refers to its memory and to each of those views."""
 
-    def __init__(self, specs: list[tuple[int, np.dtype]], align: int) -> None:
+    def __init__(self, specs: list[tuple[int, np.dtype]], align: int,
+                 views: Callable[[list[np.ndarray]], list[np.ndarray | None]] | None) -> None:
         starts, end = [], 0
         for n, dtype in specs:
             end = -(-end // align) * align
@@ -120,12 +130,16 @@ class _BufferSet:
         raw = np.zeros(end + align, np.uint8)
         offset = -raw.ctypes.data % align
         self.buffers = [raw[offset + s : offset + s + n * d.itemsize].view(d) for s, (n, d) in zip(starts, specs)]
+        self.views = [] if views is None else views(self.buffers)
+        # A caller may hold a made view itself (its count grows) or a view of one (the memory's does).
+        self._made = [v for v in self.views if v is not None]
         self._raw = raw
-        del raw  # the baseline counts the set's own references only
+        del raw  # the baselines count the set's own references only
         self._baseline = self._count()
 
-    def _count(self) -> int:
-        return sys.getrefcount(self._raw)
+    def _count(self) -> tuple[int, int]:
+        return sys.getrefcount(self._raw), sum(map(sys.getrefcount, self._made))
 
     def idle(self) -> bool:
-        return self._count() <= self._baseline
+        memory, views = self._count()
+        return memory <= self._baseline[0] and views <= self._baseline[1]

@@ -102,7 +102,7 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", out: Sequence[np.ndarra
 
     Collective. Small arrays of the same dtype are packed into one buffer and reduced with a single
     message, which is what makes many small arrays (a model's gradients, k-means sums and counts)
-    cheap; arrays from 256 KiB travel on their own, straight from the input into the result, with
+    cheap; arrays from 64 KiB travel on their own, straight from the input into the result, with
     no packing copy. The wire buffers are reused from call to call once the results of an earlier
     call are dropped (MPI is several times faster on memory it has used before); pass ``out`` to
     reduce into arrays of your own, e.g. ``out=arrays`` to reduce in place. The arrival message that starts every
@@ -142,7 +142,7 @@ def allreduce(arrays: Sequence[Any], *, op: str = "sum", out: Sequence[np.ndarra
         raise ValueError(f"op must be one of {', '.join(map(repr, OPS))}; got {op!r}.")
     if isinstance(arrays, np.ndarray):
         arrays = [arrays]
-    return _collective.allreduce([np.asarray(a) for a in arrays], op, out=out, comm=comm, name="allreduce",
+    return _collective.allreduce(list(map(np.asarray, arrays)), op, out=out, comm=comm, name="allreduce",
                                  timeout=timeout)
 
 

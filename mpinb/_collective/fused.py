@@ -19,7 +19,7 @@ from mpinb._layout import BufferPool, Layout
 __all__ = ["OPS", "Fused", "plan"]
 
 OPS = ("sum", "mean", "min", "max")
-_ALONE = 1 << 18  # arrays this large (bytes) are reduced on their own, without a packing copy
+_ALONE = 1 << 16  # arrays this large (bytes) are reduced on their own, without a packing copy
 
 
 class Fused:
@@ -59,15 +59,26 @@ class Fused:
         # Per packed buffer, its arrays in order: one concatenate fills it (a copy per array cost
         # microseconds of Python each, the larger part of a fused call of fifty small arrays).
         self.members = [[self.small[j] for j in self.packing.members(b)] for b in range(len(self.packing.dtypes))]
+        # A plain buffer's mean is divided in place, whole; its results are then views of it as it is.
+        self.divide = [b for b, plain in enumerate(self.plain) if plain and op == "mean"]
         # Each small array's result: (index, buffer, start, stop, shape, a view of the wire as it is).
-        self.unpack = [(i, b, start, stop, shapes[i], self.plain[b] and op != "mean")
+        self.unpack = [(i, b, start, stop, shapes[i], self.plain[b])
                        for (b, start, stop), i in zip(self.packing.slots, self.small)]
-        # The wire: the packed buffers, then one buffer per array that travels alone.
+        self.views_only = all(as_is and shape for *_, shape, as_is in self.unpack)
+        # The wire: the packed buffers, then one buffer per array that travels alone. The views
+        # handed out as results are made once per set of buffers.
         self.pool = BufferPool([*self.packing.lengths, *[sizes[i] for i, *_ in self.alone]],
-                               [*self.packing.dtypes, *[wire for _, wire, _, _, _ in self.alone]])
+                               [*self.packing.dtypes, *[wire for _, wire, _, _, _ in self.alone]],
+                               views=self._result_views)
 
     def __repr__(self) -> str:
         return self.text
+
+    def _result_views(self, wire: list[np.ndarray]) -> list[np.ndarray | None]:
+        """Per small array, its result as a view of the packed wire (``None``: a scalar, or a result
+        that needs a cast or an integer mean)."""
+        return [wire[b][start:stop].reshape(shape) if as_is and shape else None
+                for _, b, start, stop, shape, as_is in self.unpack]
 
     def check_out(self, out: Sequence[np.ndarray], values: Sequence[np.ndarray] = ()) -> list[np.ndarray]:
         """``out`` as a list, or an error saying which array does not fit. Local.
@@ -87,7 +98,7 @@ class Fused:
         return out
 
     def run(self, values: list[np.ndarray], call: Any, out: list[np.ndarray] | None) -> list[Any]:
-        wire = self.pool.take()
+        wire, views = self.pool.take_with_views()
         packed = wire[: len(self.members)]
         for buf, members in zip(packed, self.members):
             np.concatenate([values[i] for i in members], axis=None, out=buf, casting="unsafe")
@@ -114,19 +125,32 @@ class Fused:
         call.allreduce(reduce_in_place, self.wire_op, pairs=pairs)
         size = call.size
         results: list[Any] = [None] * self.n
-        # A plain buffer's results are views of it, divided in place for a mean: no unpacking copy
-        # (the pool keeps the buffer until they are dropped).
-        for i, b, start, stop, shape, as_is in self.unpack:
-            view = packed[b][start:stop]
-            if not as_is:
-                results[i] = self._finish(view, i, size)
-            elif out is None:
-                results[i] = view.reshape(shape) if shape else view[0]
-            else:  # the wire buffer is the pool's: never memory of ``out``; the same dtype
-                out[i][...] = view.reshape(shape)
-                results[i] = out[i]
+        for b in self.divide:
+            packed[b] /= size
+        if out is None and self.views_only:  # the usual case, fifty small arrays: a loop of stores
+            for i, view in zip(self.small, views):
+                results[i] = view
+            views = ()
+        # A plain buffer's results are views of it: no unpacking copy (the pool keeps the buffer
+        # until they are dropped).
+        for (i, b, start, stop, shape, as_is), view in zip(self.unpack, views):
+            if view is not None:
+                if out is None:
+                    results[i] = view
+                else:  # the wire buffer is the pool's: never memory of ``out``; the same dtype
+                    np.copyto(out[i], view)
+                    results[i] = out[i]
+            elif not as_is:
+                results[i] = self._finish(packed[b][start:stop], i, size)
+            else:  # a scalar
+                results[i] = packed[b][start]
+                if out is not None:
+                    out[i][...] = results[i]
+                    results[i] = out[i]
+        plain_sum = self.op != "mean"
         for i, recv in alone:
-            results[i] = self._finish(recv, i, size)
+            # Reduced where it lies, in ``out`` (in place, say): nothing to finish.
+            results[i] = recv if plain_sum and out is not None and recv is out[i] else self._finish(recv, i, size)
         if out is not None:
             for i, value in enumerate(results):
                 if value is not out[i]:

@@ -127,6 +127,32 @@ def test_allreduce_reuses_its_wire_buffers_once_results_are_dropped(any_comm) ->
     np.testing.assert_array_equal(kept[1], np.full(40_000, any_comm.Get_size()))
 
 
+def test_packed_results_held_by_the_caller_are_never_overwritten(any_comm) -> None:
+    """Small arrays' results are views of a reused wire buffer, made once per set of buffers: a
+    result still held, or a view of one, keeps its set from the next calls; dropped, it is reused."""
+    from mpinb._collective.fused import plan as _plan
+
+    arrays = [np.ones(3), np.ones((2, 2)), np.float64(1.0)]
+    plan = _plan([np.asarray(a) for a in arrays], "mean")
+    first = mpinb.allreduce(arrays, op="mean", comm=any_comm)
+    whole, row = first[0], first[1][1]  # a result itself, and a view of another
+    del first
+    for scale in (2.0, 3.0):
+        again = mpinb.allreduce([a * scale for a in arrays], op="mean", comm=any_comm)
+        assert again[0] is not whole
+        np.testing.assert_array_equal(again[0], np.full(3, scale))
+        assert again[2] == scale
+        del again
+    np.testing.assert_array_equal(whole, np.ones(3))
+    np.testing.assert_array_equal(row, np.ones(2))
+    del whole
+    mpinb.allreduce(arrays, op="mean", comm=any_comm)
+    assert plan.pool.made == 2  # ``row`` alone still holds the first set
+    del row
+    mpinb.allreduce(arrays, op="mean", comm=any_comm)
+    assert plan.pool.made == 2
+
+
 def test_allreduce_uses_one_buffer_collective_per_dtype(comm) -> None:
     from support.counting import CountingComm
 
