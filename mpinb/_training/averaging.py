@@ -111,9 +111,8 @@ class ArrayAverager:
             check_same(layout, "the shapes and dtypes of the averaged weights and optimizer state", comm=self.comm)
             self._packer, self._layout = Packer(arrays), layout
         assert self._packer is not None
-        bufs, _ = self._packer.fill(arrays, 1.0 / self.comm.Get_size() if rows is None else float(rows))
+        bufs, out, _ = self._packer.fill(arrays, 1.0 / self.comm.Get_size() if rows is None else float(rows))
         op = sum_over_ranks(bufs, self.comm, "fit's weight average")
-        out = self._packer.unpack(bufs)
         if rows is None:
             return out, op.waited
         if divide_by_rows(out, bufs) == 0:  # the same on every rank: the sum of every rank's rows

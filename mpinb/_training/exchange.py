@@ -125,7 +125,7 @@ class GradientExchange:
         packer = self._packers.get(key)
         if packer is None:
             packer = self._packers[key] = Packer(grads)
-        bufs, finite = packer.fill(grads, scale)
+        bufs, out, finite = packer.fill(grads, scale)
         votes = (*(int(v > 0) for v in self.votes), int(not finite))
         try:
             op = sum_over_ranks(bufs, self.comm, "gradient exchange", votes)
@@ -139,7 +139,6 @@ class GradientExchange:
         self._interrupt |= bool(interrupt)
         self._stop |= bool(stop)
         self._nonfinite |= bool(nonfinite)
-        out = packer.unpack(bufs)
         if rows is not None:
             divide_by_rows(out, bufs)  # by the global batch (or the update's rows); none: all zero already
         self.seconds += time.perf_counter() - t0

@@ -31,11 +31,17 @@ class Packer:
     def __init__(self, grads: tuple[np.ndarray, ...]) -> None:
         self.plan = Layout([g.shape for g in grads], [g.dtype for g in grads], align=self._ALIGN)
         # Zeroed when made: the padding between gradients is summed with the other ranks' zeros.
-        self._pool = BufferPool(self.plan.lengths, self.plan.dtypes, align=self._ALIGN, keep=self._KEEP)
+        # Each set's views (the gradients, shaped, then their flat slots) are made once with it.
+        self._pool = BufferPool(self.plan.lengths, self.plan.dtypes, align=self._ALIGN, keep=self._KEEP,
+                                views=self._views)
 
-    def fill(self, grads: tuple[np.ndarray, ...], scale: float) -> tuple[list[np.ndarray], bool]:
-        """Copy ``grads * scale`` into an idle set of buffers; returns them and whether every
-        gradient is finite (checked in the same pass: this rank's non-finite vote).
+    def _views(self, bufs: list[np.ndarray]) -> list[np.ndarray]:
+        return [*self.plan.views(bufs), *[bufs[b][start:stop] for b, start, stop in self.plan.slots]]
+
+    def fill(self, grads: tuple[np.ndarray, ...], scale: float) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
+        """Copy ``grads * scale`` into an idle set of buffers; returns them, each gradient's place
+        in them as a view shaped like it (the set stays in use while any of those views lives), and
+        whether every gradient is finite (checked in the same pass: this rank's non-finite vote).
 
         Scaling before the sum is exact for a power-of-two number of ranks, and otherwise differs
         from dividing afterwards only by round-off, identically on every rank. Voting on the local
@@ -44,20 +50,17 @@ class Packer:
         of 0 (a rank with no rows in this step) writes zeros: its gradients, of an empty batch, take
         no part, and nothing non-finite in them votes.
         """
-        bufs = self._pool.take()
+        bufs, views = self._pool.take_with_views()
+        n = len(grads)
+        shaped, slots = views[:n], views[n:]
         if scale == 0:
             for buf in bufs:
                 buf.fill(0)
-            return bufs, True
+            return bufs, shaped, True
         finite = True
-        for g, (b, start, stop) in zip(grads, self.plan.slots):
-            dst = bufs[b][start:stop]
+        for g, dst in zip(grads, slots):
             finite &= _scale_into(g.reshape(-1), dst.dtype.type(scale), dst)
-        return bufs, finite
-
-    def unpack(self, bufs: list[np.ndarray]) -> list[np.ndarray]:
-        """Each gradient as a view of ``bufs`` (the set stays in use while any view lives)."""
-        return self.plan.views(bufs)
+        return bufs, shaped, finite
 
 
 def sum_over_ranks(bufs: list[np.ndarray], comm: Any, name: str, votes: tuple[int, ...] = ()) -> Any:

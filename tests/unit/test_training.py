@@ -51,25 +51,28 @@ def test_packer_reuses_idle_buffers_and_never_overwrites_live_views(monkeypatch,
     allocations = count_calls(monkeypatch, _layout, "_BufferSet")
     grads = (np.ones((3, 5), np.float32), np.full(7, 2.0, np.float32), np.arange(4.0))
     packer = packing.Packer(grads)
-    first, finite = packer.fill(grads, 0.5)
+    first, views, finite = packer.fill(grads, 0.5)
     assert finite
-    views = packer.unpack(first)
     assert all(v.ctypes.data % 64 == 0 for v in views)  # TensorFlow wraps aligned arrays without a copy
     np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
     np.testing.assert_array_equal(views[2], np.arange(4.0) / 2)
     assert sum(b.size for b in first) == packer.plan.lengths[0] + packer.plan.lengths[1]  # no room for votes: they ride in the arrival
-    second, _ = packer.fill(grads, 0.25)  # `views` still alive: a new set of buffers
+    second, _, _ = packer.fill(grads, 0.25)  # `views` still alive: a new set of buffers
     assert second[0].ctypes.data != first[0].ctypes.data
     np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
-    del views
-    packer.unpack(second)  # dropped at once, like a step's views once TensorFlow is done with them
+    held = views[1]  # one view, held alone (TensorFlow may keep one tensor of a step)
+    del views, first
+    third, _, _ = packer.fill(grads, 0.125)
+    assert third[0].ctypes.data == second[0].ctypes.data  # its views dropped: reused; the first is held
+    np.testing.assert_array_equal(held, np.full(7, 1.0))  # never overwritten while held
+    del held, second, third
     packer.fill(grads, 1.0)  # everything released: an old set is reused
     assert len(allocations) == 2
     for bad in (np.nan, np.inf, -np.inf):
         broken = (grads[0], np.array([1, 2, bad, 4, 5, 6, 7], np.float32), grads[2])
-        assert not packer.fill(broken, 1.0)[1]  # this rank's non-finite vote
+        assert not packer.fill(broken, 1.0)[2]  # this rank's non-finite vote
         # A rank without rows in the step sends zeros, and its empty batch's NaN does not vote.
-        bufs, finite = packer.fill(broken, 0.0)
+        bufs, _, finite = packer.fill(broken, 0.0)
         assert finite and all(not b.any() for b in bufs)
 
 
