@@ -48,6 +48,14 @@ def test_a_cell_record_written_on_one_board_is_read_on_another() -> None:
         peer.unlink()
 
 
+def _remove_board_files(pid: int, path: str) -> None:
+    """A killed child's board (``path``) and where file, which it had no chance to unlink."""
+    folder = os.path.dirname(path)
+    for name in os.listdir(folder):
+        if name.startswith(f"mpinb-where-{pid}-") or path.endswith(name):
+            os.unlink(os.path.join(folder, name))
+
+
 def test_ask_where_names_the_function_another_process_is_in(tmp_path) -> None:
     child = tmp_path / "child.py"
     child.write_text(textwrap.dedent("""
@@ -72,9 +80,7 @@ def test_ask_where_names_the_function_another_process_is_in(tmp_path) -> None:
         proc.kill()
         proc.wait()
         me.unlink()
-        for name in os.listdir(os.path.dirname(path)):
-            if name.startswith(f"mpinb-where-{proc.pid}-") or path.endswith(name):
-                os.unlink(os.path.join(os.path.dirname(path), name))
+        _remove_board_files(proc.pid, path)
 
 
 _ASKER = """
@@ -124,10 +130,7 @@ def test_ranks_asking_one_process_at_once_all_get_its_answer(tmp_path) -> None:
             a.kill()
         proc.kill()
         proc.wait()
-        folder = os.path.dirname(path)
-        for name in os.listdir(folder):
-            if name.startswith(f"mpinb-where-{proc.pid}-") or path.endswith(name):
-                os.unlink(os.path.join(folder, name))
+        _remove_board_files(proc.pid, path)
 
 
 def test_an_answer_cut_short_or_still_being_written_is_never_misread() -> None:
