@@ -17,7 +17,13 @@ float32 arrays of uneven sizes (like a model's layers) totalling 64 KiB, 1 MiB, 
                      arrays, allocated inside the timed region (MPI on fresh memory each call);
 - ``plain``          one ``comm.Allreduce(MPI.IN_PLACE, packed)`` of the same total bytes in one
                      reused buffer: the floor (no packing, no allocation, one call);
-- ``one_array``      ``mpinb.allreduce([packed], out=[packed])``: mpinb on that one buffer, in place.
+- ``one_array``      ``mpinb.allreduce([packed], out=[packed])``: mpinb on that one buffer, in place;
+- ``two_messages``   the two messages ``one_array`` sends, bare: the arrival (``Iallreduce`` of nine
+                     int64) and then the data (``Iallreduce`` in place), each tested to completion, with
+                     no Python around them: the floor of mpinb's protocol, so ``two_messages/plain`` is
+                     the least ``one_array/plain`` can be, and ``one_array/two_messages`` is mpinb's own cost;
+- ``plain_out``      one ``comm.Allreduce(packed, result)`` into a reused buffer: the floor of any
+                     reduction that delivers its result in memory other than its input, as ``fused`` does.
 
 Each repetition runs all of them, in an order that rotates from one repetition to the next, so
 drift in machine load hits every method alike; the time of one call is the slowest rank's, after a
@@ -48,7 +54,8 @@ N_ARRAYS = 50
 DTYPE = np.float32
 PAYLOADS = [64 << 10, 1 << 20, 16 << 20, 64 << 20]
 QUICK_PAYLOADS = [64 << 10, 1 << 20, 16 << 20]
-METHODS = ("fused", "fused_out", "fused_in_place", "per_array", "per_array_fresh", "plain", "one_array")
+METHODS = ("fused", "fused_out", "fused_in_place", "per_array", "per_array_fresh", "plain", "one_array",
+           "two_messages", "plain_out")
 # (numerator, denominator, limit for a payload): the most the ratio of medians may be.
 TARGETS = [("fused", "per_array", lambda nbytes: 0.5 if nbytes <= 64 << 10 else 1.0),
            ("fused_in_place", "per_array", lambda nbytes: 0.5 if nbytes <= 64 << 10 else 1.0),
@@ -94,6 +101,7 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
     import mpinb
 
     comm = MPI.COMM_WORLD
+    bare = comm.Dup()  # two_messages' own communicator, as mpinb has its own
     rank, p = comm.Get_rank(), comm.Get_size()
     results = []
     for nbytes in payloads:
@@ -102,6 +110,8 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
         zeros = [np.zeros_like(a) for a in arrays]
         zeros_fused = [np.zeros_like(a) for a in arrays]
         packed = np.zeros(sum(a.size for a in arrays), dtype=DTYPE)
+        packed_result = np.zeros_like(packed)
+        header = np.zeros(9, dtype=np.int64)
 
         def per_array(zeros: list[np.ndarray] = zeros) -> None:
             for a in zeros:
@@ -115,6 +125,12 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
                 fresh.append(o)
             return fresh
 
+        def two_messages(packed: np.ndarray = packed) -> None:
+            for buf, op in ((header, MPI.MIN), (packed, MPI.SUM)):
+                request = bare.Iallreduce(MPI.IN_PLACE, buf, op=op)
+                while not request.Test():
+                    pass
+
         runs = {
             "fused": lambda arrays=arrays: mpinb.allreduce(arrays, comm=comm),
             "fused_out": lambda arrays=arrays, outs=outs: mpinb.allreduce(arrays, out=outs, comm=comm),
@@ -123,6 +139,8 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
             "per_array_fresh": per_array_fresh,
             "plain": lambda packed=packed: comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM),
             "one_array": lambda packed=packed: mpinb.allreduce([packed], out=[packed], comm=comm),
+            "two_messages": two_messages,
+            "plain_out": lambda packed=packed: comm.Allreduce(packed, packed_result, op=MPI.SUM),
         }
         for name in METHODS:  # warm-up: wire buffers, shared-memory segments
             runs[name]()
@@ -155,12 +173,14 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
             "ratios": {f"{a}/{b}": med[a] / med[b] for a, b in
                        [("fused", "per_array"), ("fused_out", "per_array"), ("fused_in_place", "per_array"),
                         ("fused", "plain"),
-                        ("one_array", "plain"), ("per_array_fresh", "per_array")]},
+                        ("one_array", "plain"), ("per_array_fresh", "per_array"),
+                        ("two_messages", "plain"), ("one_array", "two_messages"), ("fused", "plain_out")]},
             "fused_equals_per_array": bool(np.array_equal(flat_fused, flat_ref)),
             "max_difference_relative": float(np.abs(flat_fused - flat_ref).max()) / scale,
             "seconds": times,
         })
-        del arrays, outs, zeros, zeros_fused, packed, fused, reference, flat_fused, flat_ref
+        del arrays, outs, zeros, zeros_fused, packed, packed_result, fused, reference, flat_fused, flat_ref
+    bare.Free()
     # memcpy measured on rank 0 while the other ranks wait in a barrier.
     bw = memcpy_bandwidth() if rank == 0 else 0.0
     comm.Barrier()
@@ -238,6 +258,14 @@ def main() -> None:
     for t in report["targets"]:
         print(f"{'PASS' if t['pass'] else 'FAIL'}: {t['ranks']} ranks, {_size(t['payload_bytes'])}: "
               f"{t['ratio']} = {t['value']:.2f} (target <= {t['limit']:.1f})")
+    print("\nFloors (what no implementation of the same messages can beat):")
+    for run in report["runs"]:
+        for row in run["results"]:
+            med = row["median_seconds"]
+            print(f"  {run['ranks']} ranks, {_size(row['payload_bytes']):>6}: two_messages/plain = "
+                  f"{med['two_messages'] / med['plain']:.2f}, plain_out/per_array = {med['plain_out'] / med['per_array']:.2f}"
+                  f"; mpinb's own cost: one_array/two_messages = {med['one_array'] / med['two_messages']:.2f}, "
+                  f"fused/plain_out = {med['fused'] / med['plain_out']:.2f}")
     print(f"\nwrote {out} in {report['seconds']:.0f} s")
 
 

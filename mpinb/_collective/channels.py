@@ -107,8 +107,10 @@ class Channel:
             return Op(self, None, name, 0, 0, cell.id, None, None, votes)
         deadline = None if seconds is None else time.monotonic() + seconds
         self.collect()
-        self._set_up(name, seconds, deadline)
-        self._check_targets(name, cell)
+        if not self.ready or self.ctrl is None:
+            self._set_up(name, seconds, deadline)
+        if cell.targets is not None:
+            self._check_targets(name, cell)
         digest = digest_of(name, layout)
         while True:
             self._expect_notices()
@@ -317,7 +319,7 @@ class Channel:
         ctrl = self.ctrl
         if ctrl is None:
             return
-        status = MPI.Status()
+        status = MPI.Status()  # per call: a fit on a background thread and the idle tick may both look
         while True:
             # The first probe may only pull arrived messages into MPI's queue (MPICH over UCX), so
             # an empty answer is asked once more.

@@ -9,7 +9,7 @@ alone of its dtype, travel on their own, straight from the input into the result
 from __future__ import annotations
 
 import operator
-from collections import Counter
+from collections import Counter, deque
 from typing import Any, Sequence
 
 import numpy as np
@@ -127,9 +127,16 @@ class Fused:
         results: list[Any] = [None] * self.n
         for b in self.divide:
             packed[b] /= size
-        if out is None and self.views_only:  # the usual case, fifty small arrays: a loop of stores
-            for i, view in zip(self.small, views):
-                results[i] = view
+        if self.views_only:  # the usual case, fifty small arrays: no per-array Python but a store
+            if out is None:
+                for i, view in zip(self.small, views):
+                    results[i] = view
+            else:
+                # One C-level loop of copies into ``out`` (the wire buffer is the pool's, never
+                # memory of ``out``; the same dtype): a Python loop cost as much as the message.
+                deque(map(np.copyto, [out[i] for i in self.small], views), maxlen=0)
+                for i in self.small:
+                    results[i] = out[i]
             views = ()
         # A plain buffer's results are views of it: no unpacking copy (the pool keeps the buffer
         # until they are dropped).
@@ -137,7 +144,7 @@ class Fused:
             if view is not None:
                 if out is None:
                     results[i] = view
-                else:  # the wire buffer is the pool's: never memory of ``out``; the same dtype
+                else:
                     np.copyto(out[i], view)
                     results[i] = out[i]
             elif not as_is:

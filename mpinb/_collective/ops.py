@@ -325,10 +325,14 @@ def digest_of(name: str, layout: Any) -> int:
     return value
 
 
+_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
+
+
 def _mpi_op(op: str) -> Any:
-    if op not in _OPS:
-        raise ValueError(f"op must be one of {', '.join(map(repr, _OPS))}; got {op!r}.")
-    return {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}[op]
+    try:
+        return _MPI_OPS[op]
+    except KeyError:
+        raise ValueError(f"op must be one of {', '.join(map(repr, _OPS))}; got {op!r}.") from None
 
 
 def _displacements(counts: np.ndarray) -> np.ndarray:
