@@ -85,10 +85,17 @@ def dataset(x: Any, y: Any, n_local: int, plan: BatchPlan, first_epoch: int, epo
         return (keras.tree.map_structure(lambda t: t(idx) if callable(t) else tf.gather(t, idx), xt),
                 keras.tree.map_structure(lambda t: t(idx) if callable(t) else tf.gather(t, idx), yt))
 
+    # No autotuning: every stage's parallelism and buffer is fixed here, so there is nothing to tune,
+    # and its model thread would outlive the fit: TensorFlow can lose the wake-up that ends it, and
+    # then deleting the iterator waits out the thread's current period (which doubles up to 60 s),
+    # as when a fit that raised leaves its iterator to a full garbage collection.
+    options = tf.data.Options()
+    options.autotune.enabled = False
     return (tf.data.Dataset.range(first_epoch, epochs)
             .flat_map(epoch_indices)
             .map(gather, num_parallel_calls=1, deterministic=True)
-            .prefetch(2))
+            .prefetch(2)
+            .with_options(options))
 
 
 def _is_sparse(value: Any) -> bool:

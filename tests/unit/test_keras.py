@@ -292,6 +292,25 @@ def test_evaluate_matches_keras_and_rejects_no_rows():
         mk.evaluate(model, X[:0], y[:0], comm=SELF)
 
 
+def test_the_training_pipeline_starts_no_autotuning_thread():
+    """tf.data's autotuning thread can outlive a fit that raised (its iterator kept alive by the
+    exception's traceback), and deleting the iterator then waits out the thread's period, up to
+    60 s, inside a garbage collection on one rank while the others wait. mpinb's own pipeline has
+    nothing to tune, so it turns tuning off -- and still yields every row of each epoch once."""
+    from mpinb._training.plan import BatchPlan
+    from mpinb.keras._arrays import dataset
+
+    x, y = np.arange(12, dtype=np.float32).reshape(6, 2), np.arange(6, dtype=np.float32)
+    ds = dataset(x, y, 6, BatchPlan(steps=3, per_rank=2, counts=(6,)), 0, 2, seed=0, rank=0, shuffle=True)
+    assert ds.options().autotune.enabled is False
+    batches = list(ds.as_numpy_iterator())
+    assert [len(b[1]) for b in batches] == [2] * 6
+    for epoch in (batches[:3], batches[3:]):
+        rows = np.concatenate([b[1] for b in epoch])
+        assert sorted(rows.tolist()) == list(range(6))
+        np.testing.assert_array_equal(np.concatenate([b[0] for b in epoch]), x[rows.astype(int)])
+
+
 def test_a_scipy_sparse_matrix_trains_like_its_dense_rows():
     sparse = pytest.importorskip("scipy.sparse")
     X, y = data()
