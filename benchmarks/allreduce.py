@@ -19,8 +19,9 @@ float32 arrays of uneven sizes (like a model's layers) totalling 64 KiB, 1 MiB, 
                      reused buffer: the floor (no packing, no allocation, one call);
 - ``one_array``      ``mpinb.allreduce([packed], out=[packed])``: mpinb on that one buffer, in place;
 - ``two_messages``   the two messages ``one_array`` sends, bare: the arrival (``Iallreduce`` of nine
-                     int64) and then the data (``Iallreduce`` in place), each tested to completion, with
-                     no Python around them: the floor of mpinb's protocol, so ``two_messages/plain`` is
+                     int64) and then the data (``Iallreduce`` in place), each tested to completion
+                     (yielding the core between tests where ranks outnumber cores), with no Python
+                     around them: the floor of mpinb's protocol, so ``two_messages/plain`` is
                      the least ``one_array/plain`` can be, and ``one_array/two_messages`` is mpinb's own cost;
 - ``plain_out``      one ``comm.Allreduce(packed, result)`` into a reused buffer: the floor of any
                      reduction that delivers its result in memory other than its input, as ``fused`` does.
@@ -102,6 +103,7 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
 
     comm = MPI.COMM_WORLD
     bare = comm.Dup()  # two_messages' own communicator, as mpinb has its own
+    crowded = comm.Get_size() > len(os.sched_getaffinity(0))  # more ranks than cores (one host)
     rank, p = comm.Get_rank(), comm.Get_size()
     results = []
     for nbytes in payloads:
@@ -129,7 +131,8 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
             for buf, op in ((header, MPI.MIN), (packed, MPI.SUM)):
                 request = bare.Iallreduce(MPI.IN_PLACE, buf, op=op)
                 while not request.Test():
-                    pass
+                    if crowded:  # as mpinb does: a rank spinning on a shared core starves the others
+                        os.sched_yield()
 
         runs = {
             "fused": lambda arrays=arrays: mpinb.allreduce(arrays, comm=comm),
