@@ -103,8 +103,8 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
 
     comm = MPI.COMM_WORLD
     bare = comm.Dup()  # two_messages' own communicator, as mpinb has its own
-    crowded = comm.Get_size() > len(os.sched_getaffinity(0))  # more ranks than cores (one host)
     rank, p = comm.Get_rank(), comm.Get_size()
+    crowded = p > len(os.sched_getaffinity(0))  # more ranks than cores (one host)
     results = []
     for nbytes in payloads:
         arrays = make_arrays(nbytes, seed=rank)

@@ -107,10 +107,8 @@ class Channel:
             return Op(self, None, name, 0, 0, cell.id, None, None, votes)
         deadline = None if seconds is None else time.monotonic() + seconds
         self.collect()
-        if not self.ready or self.ctrl is None:
-            self._set_up(name, seconds, deadline)
-        if cell.targets is not None:
-            self._check_targets(name, cell)
+        self._set_up(name, seconds, deadline)
+        self._check_targets(name, cell)
         digest = digest_of(name, layout)
         while True:
             self._expect_notices()

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ABANDONED", "Op", "Retry", "abandoned_header", "digest_of"]
 
-_OPS = ("sum", "min", "max")
 _NOTICE_ENV = "MPINB_WAIT_NOTICE"  # seconds of waiting before a rank says whom it waits for
 
 
@@ -325,14 +324,14 @@ def digest_of(name: str, layout: Any) -> int:
     return value
 
 
-_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
+_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}  # the ops a message reduces with, built once
 
 
 def _mpi_op(op: str) -> Any:
     try:
         return _MPI_OPS[op]
     except KeyError:
-        raise ValueError(f"op must be one of {', '.join(map(repr, _OPS))}; got {op!r}.") from None
+        raise ValueError(f"op must be one of {', '.join(map(repr, _MPI_OPS))}; got {op!r}.") from None
 
 
 def _displacements(counts: np.ndarray) -> np.ndarray:
