@@ -41,9 +41,10 @@ _MAIN_THREAD, _STARTED = 21, 22  # the main thread's ident, and when the process
 _ENDED_TEXT = slice(23, 64)  # 328 bytes of UTF-8: "raised ZeroDivisionError: division by zero"
 _TEXT_BYTES = (_ENDED_TEXT.stop - _ENDED_TEXT.start) * 8
 
-# Phases of an operation, and how it ended.
-IDLE, ARRIVING, MOVING, SWITCHING = 0, 1, 2, 3
-DONE, FAILED, TIMED_OUT, ABANDONED = 1, 2, 3, 4
+# Phases of an operation, and how it ended: the protocol table's (:mod:`.protocol`).
+from mpinb._collective.protocol import (  # noqa: E402 - after the layout constants they sit beside
+    ABANDONED, ARRIVING, DONE, FAILED, IDLE, MOVING, SWITCHING, TIMED_OUT,
+)
 _PHASES = {ARRIVING: "waiting for the others to arrive", MOVING: "moving data",
            SWITCHING: "moving to a fresh communicator"}
 _OUTCOMES = {DONE: "left", FAILED: "raised", TIMED_OUT: "timed out", ABANDONED: "gave up"}

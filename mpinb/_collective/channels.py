@@ -32,14 +32,13 @@ from mpinb import interrupt as _interrupt
 from mpinb._collective import board as _board
 from mpinb._collective import cells, texts
 from mpinb._collective import notices as _notices
-from mpinb._collective.ops import Op, Retry, abandoned_header, digest_of
+from mpinb._collective import protocol as _p
+from mpinb._collective.ops import Op, Retry, digest_of
 from mpinb._collective.wait import SPIN, DeadlinePassed, PeerLeft, poll
 from mpinb.deadline import DEFAULT, resolve
 from mpinb.errors import CollectiveAbandoned
 
 __all__ = ["Channel", "Gen"]
-
-_IDLE_AWAY = 3.0  # seconds a rank may sit idle in an earlier cell before it counts as not running this one
 
 
 class Gen:
@@ -112,15 +111,14 @@ class Channel:
         digest = digest_of(name, layout)
         while True:
             self._expect_notices()
-            gen = self._current(name, digest, seconds, deadline, cell.id)
+            op = Op(self, None, name, digest, 0, cell.id, seconds, deadline, votes)
+            gen = self._current(op)
             gen.index += 1
-            op = Op(self, gen, name, digest, gen.index, cell.id, seconds, deadline, votes)
-            if self.board is not None:
-                self.board.enter(gen.number, gen.index, name, _board.ARRIVING)
+            op.gen, op.comm, op.index = gen, gen.comm, gen.index
+            op.step("enter")
             try:
                 op.arrive(layout, what)
             except Retry:
-                op.__exit__(CollectiveAbandoned, None, None)
                 continue  # on the next generation, with the ranks of this cell
             except BaseException as err:
                 op.__exit__(type(err), err, None)
@@ -189,52 +187,47 @@ class Channel:
         self.ready = True
 
     # -- generations ------------------------------------------------------------------------------
-    def _current(self, name: str, digest: int, seconds: float | None, deadline: float | None, cell: int) -> Gen:
-        """The generation to run on, after moving past revoked ones (each Idup polled). Raises at
-        once when this call is a collective another rank abandoned, come late."""
+    def _current(self, op: Op) -> Gen:
+        """The generation to run ``op`` on, after moving past revoked ones (each Idup polled). Raises
+        at once when ``op`` is a collective another rank abandoned, come late."""
         while True:
             gen = self.gens[self.active]
             if gen.request is not None:
-                if self.board is not None:
-                    self.board.enter(gen.number, 0, name, _board.SWITCHING)
                 # Waiting for every rank to post the next duplicate: a rank that has left the cell
                 # will not, so it is watched for as in any arrival.
-                switching = Op(self, gen, name, digest, 0, cell, seconds, deadline, (0, 0))
+                op.gen, op.comm = gen, gen.comm
+                op.step("switch")
                 try:
-                    poll(self, [gen.request], deadline, spin=SPIN, op=switching)
+                    poll(self, [gen.request], op.deadline, spin=SPIN, op=op)
                 except DeadlinePassed:
-                    if self.board is not None:
-                        self.board.leave(_board.TIMED_OUT)
-                    raise texts.switch_timeout(self, name, seconds, gen, cell) from None
+                    op.step("deadline")
+                    raise texts.switch_timeout(self, op.name, op.timeout, gen, op.cell) from None
                 except PeerLeft as left:
-                    if self.board is not None:
-                        self.board.leave(_board.ABANDONED)
-                    raise texts.switch_left_error(name, self.rank, left.rank, left.what) from None
+                    op.step("left")
+                    raise texts.switch_left_error(op.name, self.rank, left.rank, left.what) from None
+                except BaseException as err:
+                    op.step("interrupt" if isinstance(err, KeyboardInterrupt) else "raise")
+                    raise
                 gen.request = None
             if gen.revoked is None:
                 return gen
-            stale = self._leave(gen, name, digest, cell)
+            stale = self._leave(gen, op.name, op.digest, op.cell)
             self.active += 1
             if stale is not None:  # raised before waiting for the next generation: the others may be idle
+                op.step("stale")
                 raise _interrupt.instead_if_pending(stale)
 
     def _leave(self, gen: Gen, name: str, digest: int, cell: int) -> BaseException | None:
         note = gen.revoked
         assert note is not None
         gen.left = True
-        stale = None
-        if gen.index == note["index"] - 1:
+        complete, late = _p.late_arrival(note, gen.index, self.rank, cell, digest)
+        if complete:
             # This rank never reached the abandoned collective, so the others' arrivals are still
             # pending: complete them with a matching arrival, so MPI holds no request for ever.
-            header = abandoned_header()
+            header = _p.abandoned_header()
             gen.pending.append(([gen.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.MIN)], header))
-            # Its next collective is the abandoned one, come late -- unless the cell it belonged to
-            # has ended here (this rank left it early, with an error or by returning) and this is a
-            # new cell's, or it is another collective (this rank skipped the abandoned one). The
-            # same collective, from the same cell, is taken for the late one: raising where it
-            # was the next one is an error to read; pairing where it was the late one is a wrong number.
-            if note["rank"] != self.rank and note.get("cell", 0) == cell and note.get("digest") == digest:
-                stale = texts.stale_error(name, note["index"], self.rank, note)
+        stale = texts.stale_error(name, note["index"], self.rank, note) if late else None
         if stale is None and not gen.abandoned_here and note["rank"] != self.rank and note.get("departed") != self.rank:
             warnings.warn(texts.elsewhere_warning(note, self.rank), RuntimeWarning, stacklevel=_caller_level())
         self.collect()
@@ -265,13 +258,14 @@ class Channel:
         self.gens.append(Gen(newest.number + 1, *self.parent.Idup()))
 
     def abandon(self, op: Op, requests: list[Any], keep: Any, why: str | None,
-                missing: dict[int, str] | None = None, departed: int | None = None) -> None:
-        """Give up on ``op``; ``why`` is None when a notice from another rank ended it. A rank whose
-        deadline passed sends the ranks it was waiting for along, so that the others name them too."""
+                missing: dict[int, str] | None = None, departed: int | None = None, *, revoke: bool = True) -> None:
+        """Give up on ``op``, keeping ``requests`` and ``keep`` while MPI may use them; with ``revoke``,
+        tell every other rank why (``why``). A rank whose deadline passed sends the ranks it was
+        waiting for along, so that the others name them too."""
         gen = op.gen
         gen.pending.append((requests, keep))
         gen.abandoned_here = True
-        if gen.revoked is not None:
+        if gen.revoked is not None or not revoke:
             return
         gen.revoked = note = {"gen": gen.number, "index": op.index, "name": op.name, "rank": self.rank,
                               "why": why or "abandoned", "time": time.time(), "missing": missing,
@@ -406,22 +400,15 @@ class Channel:
             return None
         here = (op.gen.number, op.index)
         waited = time.monotonic() - op.began
+        now_ns = time.time_ns()
         for r in range(self.size):
             if r == self.rank:
                 continue
             if self.board is not None and self.hosts[r] == self.host and not self.board.alive(r):
                 return r, "died (its process is gone)"
-            record = self.cell_record(r)
-            if record is None:
-                continue
-            if record.ended_cell == cell and (record.ended_gen, record.ended_index) < here:
-                return r, f"ended its cell ({record.text})"
-            if record.cell > cell or record.ended_cell > cell:
-                return r, "left this cell and is running a later one"
-            if (not record.running and record.cell < cell and waited > _IDLE_AWAY
-                    and time.time_ns() - record.ended_ns > _IDLE_AWAY * 1e9):
-                idle = "" if not record.ended_ns else f" for {(time.time_ns() - record.ended_ns) / 1e9:.0f} s"
-                return r, f"is not running this cell (idle{idle})"
+            why = _p.departure(self.cell_record(r), cell, here, waited, now_ns)
+            if why is not None:
+                return r, why
         return None
 
 

@@ -22,17 +22,18 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from mpinb._collective import board as _board
 from mpinb import interrupt as _interrupt
+from mpinb._collective import protocol as _p
 from mpinb._collective import texts
-from mpinb._digest import int_digest
+from mpinb._collective.protocol import ABANDONED_VOTE, VOTES, abandoned_header
 from mpinb._collective.wait import SPIN, DeadlinePassed, PeerGaveUp, PeerLeft, poll
+from mpinb._digest import int_digest
 from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
 
 if TYPE_CHECKING:
     from mpinb._collective.channels import Channel, Gen
 
-__all__ = ["ABANDONED", "Op", "Retry", "abandoned_header", "digest_of"]
+__all__ = ["ABANDONED_VOTE", "Op", "Retry", "abandoned_header", "digest_of"]
 
 _NOTICE_ENV = "MPINB_WAIT_NOTICE"  # seconds of waiting before a rank says whom it waits for
 
@@ -45,7 +46,7 @@ class Op:
     """One operation in progress: its generation, deadline and messages."""
 
     __slots__ = ("chan", "gen", "comm", "name", "digest", "index", "cell", "timeout", "deadline", "my_votes",
-                 "votes", "waited", "settled", "began", "notice_at")
+                 "votes", "waited", "phase", "outcome", "began", "notice_at")
 
     def __init__(self, chan: Channel, gen: Gen | None, name: str, digest: int, index: int, cell: int,
                  timeout: float | None, deadline: float | None, votes: tuple[int, ...]) -> None:
@@ -59,7 +60,9 @@ class Op:
                 raise ValueError(f"an operation carries up to {VOTES} non-negative votes; got {votes!r}.")
             self.my_votes = self.votes = tuple(int(v) for v in votes) + (0,) * (VOTES - len(votes))
         self.waited = 0.0
-        self.settled = False
+        # Where the operation stands in the protocol's table (:mod:`.protocol`); every change of
+        # either is a step of that table, and the status board shows it to the ranks on this host.
+        self.phase, self.outcome = _p.IDLE, 0
         self.began = time.monotonic()
         # Read when a wait first runs long enough to need it (see notice_due): reading the
         # environment costs microseconds that every short operation would pay.
@@ -77,19 +80,43 @@ class Op:
         return self
 
     def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
+        if self.gen is None or self.outcome:
+            return  # one rank, or the operation already left through a step of the table
+        if kind is None:
+            self.step("finish")
+            return
+        # An exception between two messages of this operation (a KeyboardInterrupt, a bug): the
+        # others would wait for the next message, so give the operation up for everyone.
+        self.give_up("interrupt" if issubclass(kind, KeyboardInterrupt) else "raise", [], None,
+                     f"raised {kind.__name__} between its messages")
+
+    def step(self, event: str) -> _p.Rule:
+        """Take ``event``'s transition of the protocol table, and show it on the status board."""
+        rule = _p.step(self.phase, event, self)
         board = self.chan.board
-        if kind is not None and not self.settled and self.gen is not None:
-            # An exception between two messages of this operation (a KeyboardInterrupt, a bug): the
-            # others would wait for the next message, so give the operation up for everyone.
-            self.chan.abandon(self, [], None, f"raised {kind.__name__} between its messages")
-        if board is not None and self.gen is not None:
-            board.leave(_board.DONE if kind is None else
-                        _board.TIMED_OUT if kind is CollectiveTimeout else
-                        _board.ABANDONED if kind in (KeyboardInterrupt, CollectiveAbandoned) else _board.FAILED)
+        if rule.to is not None:
+            if board is not None:
+                if rule.to == _p.MOVING:
+                    board.phase(_p.MOVING)
+                else:
+                    board.enter(self.gen.number, self.index, self.name, rule.to)
+            self.phase = rule.to
+        else:
+            self.phase, self.outcome = _p.IDLE, rule.outcome
+            if board is not None:
+                board.leave(rule.outcome)
+        return rule
+
+    def give_up(self, event: str, requests: list[Any], keep: Any, why: str | None,
+                missing: dict[int, str] | None = None, departed: int | None = None) -> None:
+        """Leave through ``event``; MPI may still use ``requests`` and ``keep``. Where the table says
+        the step revokes, every other rank is told why (``why``)."""
+        rule = self.step(event)
+        self.chan.abandon(self, requests, keep, why, missing, departed, revoke=rule.revokes)
 
     def fail(self, error: BaseException) -> None:
         """Raise ``error``, which every rank raises at this point: nothing to give up."""
-        self.settled = True
+        self.step("fail")
         raise error
 
     def notice_due(self, now: float) -> bool:
@@ -207,44 +234,45 @@ class Op:
 
     # -- arrival and waiting -----------------------------------------------------------------
     def arrive(self, layout: Any, what: str | None) -> None:
-        digest, cell, index = self.digest, self.cell, self.index
-        v0, v1, v2 = self.my_votes
         # A fresh array each time: an abandoned arrival's buffer stays with MPI (``Gen.pending``).
-        header = np.array([digest, -digest, cell, -cell, index, -index, -v0, -v1, -v2], dtype=np.int64)
+        header = _p.arrival_header(self.digest, self.cell, self.index, self.my_votes)
         t0 = time.perf_counter()
-        self._wait([self.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.MIN)], header, _board.ARRIVING, SPIN)
+        self._wait([self.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.MIN)], header, SPIN)
         self.waited = time.perf_counter() - t0
-        if self.chan.board is not None:
-            self.chan.board.phase(_board.MOVING)
-        h = header.tolist()  # Python ints: cheaper to compare than NumPy scalars
-        if -h[6] >= ABANDONED:
+        arrival = _p.decide_arrival(header.tolist(), self.cell)  # Python ints: cheaper to compare
+        self.votes = arrival.votes
+        verdict = arrival.verdict
+        if verdict == "go":
+            self.step("arrived")
+            return
+        if verdict == "abandoned":
             self._completed_by_an_abandoner()
-        self.votes = (-h[6], -h[7], -h[8])
-        if h[2] != -h[3]:
-            # Ranks of two cells met: every rank saw the same header, so every rank retires this
-            # generation here, without a message; the later cell's ranks run the operation again
-            # on the next one, where the earlier cell's ranks will join them from their next cell.
-            self.settled = True
+        if verdict in ("earlier cell", "later cell"):
+            # Every rank saw the same header, so every rank retires this generation here, without
+            # a message; the later cell's ranks run the operation again on the next one, where the
+            # earlier cell's ranks will join them from their next cell.
+            self.step("retire")
             self.chan.retire(self, f"met a rank of another cell in {self.name} #{self.index}")
-            if self.cell < -h[3]:
+            if verdict == "earlier cell":
                 raise texts.later_cell_error(self)
             raise Retry
-        if h[4] != -h[5]:
-            self.settled = True
-            self.chan.retire(self, f"sequence numbers #{h[4]}-#{-h[5]} met")
+        if verdict == "sequence":
+            self.step("retire")
+            self.chan.retire(self, f"sequence numbers #{arrival.low}-#{arrival.high} met")
             raise RuntimeError(
-                f"mpinb's collective sequence differs across ranks at {self.name} (#{h[4]} to "
-                f"#{-h[5]}); this is a bug in mpinb. Every rank moves to a fresh communicator."
+                f"mpinb's collective sequence differs across ranks at {self.name} (#{arrival.low} to "
+                f"#{arrival.high}); this is a bug in mpinb. Every rank moves to a fresh communicator."
             )
-        if h[0] != -h[1]:
-            texts_ = self.allgather((self.name, layout if isinstance(layout, str) else repr(layout)))
-            self.fail(CollectiveMismatchError(texts.mismatch_message(texts_, what)))
+        # "mismatch": the ranks agree that they differ; what each called travels as data.
+        self.step("arrived")
+        texts_ = self.allgather((self.name, layout if isinstance(layout, str) else repr(layout)))
+        self.fail(CollectiveMismatchError(texts.mismatch_message(texts_, what)))
 
     def _completed_by_an_abandoner(self) -> None:
         """A rank that knew this generation was abandoned completed the arrival (see
         :func:`abandoned_header`): run again on the next generation if this operation belongs to a
         later cell than the abandoned one, else raise as the others did -- never move data here."""
-        self.settled = True
+        self.step("retire")
         note = self.chan.await_revocation(self.gen)
         self.chan.retire(self, f"{self.name} #{self.index} was abandoned by another rank")
         if note is None or note["rank"] == self.chan.rank:
@@ -252,58 +280,38 @@ class Op:
                 f"{self.name} #{self.index} stopped on rank {self.chan.rank}: another rank had given up on this "
                 f"collective. {texts.NEXT}", operation=self.name, reason="abandoned", rank=self.chan.rank,
             )
-        if self.of_a_later_cell(note):
+        if _p.of_a_later_cell(note, self.cell):
             raise Retry
         raise _interrupt.instead_if_pending(texts.stale_error(self.name, self.index, self.chan.rank, note))
 
-    def of_a_later_cell(self, note: dict[str, Any]) -> bool:
-        """Whether this operation belongs to a later cell than the collective ``note`` abandoned:
-        then it is not that collective, and runs again on the next generation -- it never raises
-        for a cell it was not part of."""
-        return note.get("cell", 0) < self.cell
-
-    def _wait(self, requests: list[Any], keep: Any, phase: int = _board.MOVING, spin: float | None = None) -> None:
+    def _wait(self, requests: list[Any], keep: Any, spin: float | None = None) -> None:
         try:
             poll(self.chan, requests, self.deadline, spin=spin, op=self)
         except DeadlinePassed:
-            error = texts.timeout_error(self, phase)
-            self.chan.abandon(self, requests, keep, f"timed out after {self.timeout:g} s", error.missing)
-            self.settled = True
+            error = texts.timeout_error(self, self.phase)
+            self.give_up("deadline", requests, keep, f"timed out after {self.timeout:g} s", error.missing)
             raise error from None
         except PeerGaveUp as gave_up:
-            self.chan.abandon(self, requests, keep, None)
-            self.settled = True
-            if phase == _board.ARRIVING and self.of_a_later_cell(gave_up.note):
+            arriving = self.phase == _p.ARRIVING
+            self.give_up("revoked", requests, keep, None)
+            if arriving and _p.of_a_later_cell(gave_up.note, self.cell):
                 # Its arrival met, at the same place, a collective of an earlier cell that a rank
                 # gave up on (this rank left that cell before it).
                 raise Retry from None
             raise _interrupt.instead_if_pending(texts.abandoned_error(self, gave_up.note)) from None
         except PeerLeft as left:
             why = f"rank {left.rank} {left.what}"
-            self.chan.abandon(self, requests, keep, why, departed=left.rank)
-            self.settled = True
+            self.give_up("left", requests, keep, why, departed=left.rank)
             raise texts.left_error(self, left.rank, why) from None
         except BaseException as err:
             # Ctrl-C (or cluster.interrupt()) while waiting: MPI may still write into the buffers.
-            self.chan.abandon(self, requests, keep, f"was interrupted ({type(err).__name__})")
-            self.settled = True
+            self.give_up("interrupt" if isinstance(err, KeyboardInterrupt) else "raise", requests, keep,
+                         f"was interrupted ({type(err).__name__})")
             raise
 
 
-VOTES = 3  # integers every rank votes with in an arrival; each arrives as its maximum over the ranks
 _NO_VOTES = (0,) * VOTES
 _UNREAD: Any = object()  # Op.notice_at before MPINB_WAIT_NOTICE is read
-ABANDONED = 2**62  # the vote of an arrival made only to complete an abandoned one
-
-
-def abandoned_header() -> np.ndarray:
-    """The arrival a rank that knows a generation is abandoned sends to complete the others'
-    pending arrivals: neutral in every field of the MIN but the first vote, which says so."""
-    header = np.full(6 + VOTES, np.iinfo(np.int64).max, dtype=np.int64)
-    header[6] = -ABANDONED
-    return header
-
-
 _digests: dict[Any, int] = {}
 
 

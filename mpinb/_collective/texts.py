@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from mpinb._collective import board as _board
+from mpinb._collective import protocol as _p
 from mpinb._words import describe_mismatch, ranks
 from mpinb.errors import CollectiveAbandoned, CollectiveTimeout
 
@@ -69,7 +69,7 @@ def timeout_error(op: Op, phase: int) -> CollectiveTimeout:
     head = f"{op.name} #{op.index} timed out after {op.timeout:g} s on rank {chan.rank}"
     missing: dict[int, str] = {}
     arrived: tuple[int, ...] = ()
-    if phase == _board.ARRIVING:
+    if phase == _p.ARRIVING:
         found, came = whereabouts(chan, op.gen, op.index, op.cell)
         missing, arrived = found, tuple(came)
         tail = (f"waiting for {listing(missing)}" if missing

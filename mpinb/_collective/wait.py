@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from mpi4py import MPI
 
 from mpinb import interrupt as _interrupt
+from mpinb._collective.protocol import revocation_reaches
 
 if TYPE_CHECKING:
     from mpinb._collective.channels import Channel
@@ -97,7 +98,7 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
             check_at = now + interval
             chan.notices()
             note = None if gen is None else gen.revoked
-            if note is not None and note["rank"] != chan.rank and op.index >= note["index"]:
+            if note is not None and revocation_reaches(note, chan.rank, op.index):
                 raise PeerGaveUp(note)
             if deadline is not None and now >= deadline:
                 if done():  # the last rank may have arrived while this one slept

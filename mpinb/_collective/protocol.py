@@ -1,0 +1,268 @@
+"""The collective protocol as data: phases, events, the transition table, the arrival and its decisions.
+
+Local; no MPI. A rank's *operation* is in one phase at a time (switching to a fresh communicator,
+arriving, moving data) and leaves it with one outcome. :data:`TABLE` lists every transition an
+operation may take, on which event, and whether the rank then *revokes* the generation (tells every
+other rank it gave up). The channel and operation code (:mod:`.channels`, :mod:`.ops`) takes each of
+its steps through :func:`step`, so a transition missing from the table is a bug that raises at
+once, and the protocol model (``tests/model``) drives that same code over simulated ranks, every
+delivery order and injected faults, observing each step through :data:`observer`.
+
+The decisions every rank takes from what it sees live here too, as pure functions of their inputs:
+how the arrival is encoded and what its reduced value means (:func:`arrival_header`,
+:func:`decide_arrival`), whether a revocation reaches an operation (:func:`revocation_reaches`),
+what a rank that finds its generation revoked owes the others (:func:`late_arrival`), whether a
+rank it waits for has left (:func:`departure`), and whether the ranks of a cell made the same
+collectives (:func:`cell_record_digest`). :func:`invariant_violations` states the guarantees as
+predicates over the outcomes of all ranks; :func:`diagram_markdown` draws the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "ABANDONED", "ABANDONED_VOTE", "ARRIVING", "DONE", "FAILED", "IDLE", "MOVING", "OUTCOMES", "PHASES",
+    "SWITCHING", "TABLE", "TIMED_OUT", "VOTES", "Arrival", "CallOutcome", "ProtocolError", "Rule",
+    "abandoned_header", "arrival_header", "cell_record_digest", "decide_arrival", "departure",
+    "diagram_markdown", "invariant_violations", "late_arrival", "observer", "revocation_reaches", "step",
+]
+
+# Phases of an operation (as the status board stores them), and the outcomes it can leave with.
+IDLE, ARRIVING, MOVING, SWITCHING = 0, 1, 2, 3
+DONE, FAILED, TIMED_OUT, ABANDONED = 1, 2, 3, 4
+PHASES = {IDLE: "idle", ARRIVING: "arriving", MOVING: "moving data", SWITCHING: "switching"}
+OUTCOMES = {DONE: "done", FAILED: "failed", TIMED_OUT: "timed out", ABANDONED: "abandoned"}
+
+VOTES = 3  # integers every rank votes with in an arrival; each arrives as its maximum over the ranks
+ABANDONED_VOTE = 2**62  # the first vote of an arrival made only to complete an abandoned one
+
+
+class ProtocolError(RuntimeError):
+    """A step the table does not allow: a bug in mpinb's collective layer."""
+
+
+class Rule(NamedTuple):
+    """One transition: in ``phase``, on ``event``, go to ``to`` (a phase) or leave with ``outcome``."""
+
+    phase: int
+    event: str
+    to: int | None
+    outcome: int | None
+    revokes: bool  # the rank tells every other rank it gave up on the generation
+    why: str
+
+
+#: Every transition an operation may take. Events: ``enter`` (the operation begins on a usable
+#: generation), ``switch`` (it first waits for every rank to post the next generation), ``arrived``
+#: (the arrival completed and agreed), ``finish`` (every message moved), ``fail`` (an error every rank
+#: raises at the same point: a layout mismatch, a root that could not pickle), ``retire`` (the arrival
+#: showed ranks of two cells, or an abandoned arrival: every rank ends the generation at the same
+#: point, without a notice), ``stale`` (the operation is one another rank abandoned, come late),
+#: ``revoked`` (a notice from another rank ended the generation), ``left`` (a rank waited for has left
+#: the cell, exited or died), ``deadline``, ``interrupt`` (Ctrl-C), ``raise`` (any other exception
+#: between two messages).
+RULES: tuple[Rule, ...] = (
+    Rule(IDLE, "enter", ARRIVING, None, False, "post the arrival"),
+    Rule(IDLE, "switch", SWITCHING, None, False, "the generation was revoked: wait for the next one"),
+    Rule(IDLE, "stale", None, ABANDONED, False, "this call is the abandoned one, come late: raise"),
+    Rule(SWITCHING, "switch", SWITCHING, None, False, "the next generation was revoked too"),
+    Rule(SWITCHING, "enter", ARRIVING, None, False, "the next generation is ready: post the arrival"),
+    Rule(SWITCHING, "stale", None, ABANDONED, False, "this call is the abandoned one, come late: raise"),
+    Rule(SWITCHING, "deadline", None, TIMED_OUT, False, "the deadline passed before every rank moved"),
+    Rule(SWITCHING, "left", None, ABANDONED, False, "a rank left the cell before moving"),
+    Rule(SWITCHING, "interrupt", None, ABANDONED, False, "Ctrl-C while moving"),
+    Rule(SWITCHING, "raise", None, FAILED, False, "an exception while moving"),
+    Rule(ARRIVING, "arrived", MOVING, None, False, "every rank arrived with the same call"),
+    Rule(ARRIVING, "retire", None, ABANDONED, False, "ranks of two cells met, or an abandoned arrival"),
+    Rule(ARRIVING, "fail", None, FAILED, False, "the ranks called different collectives"),
+    Rule(ARRIVING, "revoked", None, ABANDONED, False, "another rank gave up on this generation"),
+    Rule(ARRIVING, "left", None, ABANDONED, True, "a rank waited for left the cell"),
+    Rule(ARRIVING, "deadline", None, TIMED_OUT, True, "the deadline passed while ranks arrived"),
+    Rule(ARRIVING, "interrupt", None, ABANDONED, True, "Ctrl-C while ranks arrived"),
+    Rule(ARRIVING, "raise", None, FAILED, True, "an exception while ranks arrived"),
+    Rule(MOVING, "finish", None, DONE, False, "every message moved"),
+    Rule(MOVING, "fail", None, FAILED, False, "an error every rank raises at this point"),
+    Rule(MOVING, "revoked", None, ABANDONED, False, "another rank gave up while data moved"),
+    Rule(MOVING, "left", None, ABANDONED, True, "a rank waited for died while data moved"),
+    Rule(MOVING, "deadline", None, TIMED_OUT, True, "the deadline passed while data moved"),
+    Rule(MOVING, "interrupt", None, ABANDONED, True, "Ctrl-C while data moved"),
+    Rule(MOVING, "raise", None, FAILED, True, "an exception between two messages"),
+)
+TABLE: dict[tuple[int, str], Rule] = {(r.phase, r.event): r for r in RULES}
+
+#: Called as ``observer(op, rule)`` after every step when set (the protocol model sets it).
+observer: Callable[[Any, Rule], None] | None = None
+
+
+def step(phase: int, event: str, op: Any = None) -> Rule:
+    """The rule for ``event`` in ``phase``; :class:`ProtocolError` when the table has none."""
+    try:
+        rule = TABLE[phase, event]
+    except KeyError:
+        raise ProtocolError(f"mpinb's collective protocol has no step {event!r} from phase "
+                            f"{PHASES.get(phase, phase)!r}; this is a bug in mpinb.") from None
+    if observer is not None:
+        observer(op, rule)
+    return rule
+
+
+# -- the arrival --------------------------------------------------------------------------------
+# Nine int64 reduced with MIN: each identity field beside its negation, so that the MIN of both
+# says whether every rank sent the same value; votes negated, so they arrive as their maximum.
+_DIGEST, _CELL, _INDEX, _VOTE = 0, 2, 4, 6
+WORDS = 6 + VOTES
+
+
+class Arrival(NamedTuple):
+    """What a completed arrival says: ``verdict`` is one of ``"go"``, ``"abandoned"`` (completed by a
+    rank that knew the generation was given up), ``"earlier cell"`` / ``"later cell"`` (ranks of two
+    cells met; this rank's is the earlier / the later), ``"sequence"`` (places in the sequence differ:
+    a bug) or ``"mismatch"`` (different collectives or layouts); ``votes`` are the maxima."""
+
+    verdict: str
+    votes: tuple[int, ...]
+    low: int = 0  # for "sequence": the lowest and highest place met
+    high: int = 0
+
+
+def arrival_header(digest: int, cell: int, index: int, votes: Sequence[int]) -> np.ndarray:
+    """The arrival a rank posts for the operation ``digest`` at place ``index`` of cell ``cell``."""
+    v0, v1, v2 = votes
+    return np.array([digest, -digest, cell, -cell, index, -index, -v0, -v1, -v2], dtype=np.int64)
+
+
+def abandoned_header() -> np.ndarray:
+    """The arrival a rank that knows a generation is abandoned sends to complete the others'
+    pending arrivals: neutral in every field of the MIN but the first vote, which says so."""
+    header = np.full(WORDS, np.iinfo(np.int64).max, dtype=np.int64)
+    header[_VOTE] = -ABANDONED_VOTE
+    return header
+
+
+def decide_arrival(h: Sequence[int], cell: int) -> Arrival:
+    """What every rank concludes alike from the reduced arrival ``h`` (a list of ints)."""
+    votes = (-h[6], -h[7], -h[8])
+    if votes[0] >= ABANDONED_VOTE:
+        return Arrival("abandoned", votes)
+    if h[2] != -h[3]:
+        # Ranks of two cells met: every rank saw the same header and retires the generation; the
+        # later cell's ranks run the operation again, the earlier cell's raise.
+        return Arrival("earlier cell" if cell < -h[3] else "later cell", votes)
+    if h[4] != -h[5]:
+        return Arrival("sequence", votes, h[4], -h[5])
+    if h[0] != -h[1]:
+        return Arrival("mismatch", votes)
+    return Arrival("go", votes)
+
+
+# -- revocations --------------------------------------------------------------------------------
+def revocation_reaches(note: dict[str, Any] | None, rank: int, index: int) -> bool:
+    """Whether another rank's revocation ``note`` ends this rank's operation at place ``index``:
+    it gave up at or before that place (an operation after it is on the same dead generation)."""
+    return note is not None and note["rank"] != rank and index >= note["index"]
+
+
+def of_a_later_cell(note: dict[str, Any], cell: int) -> bool:
+    """Whether an operation of ``cell`` belongs to a later cell than the collective ``note``
+    abandoned: then it is not that collective, and runs again on the next generation."""
+    return note.get("cell", 0) < cell
+
+
+def late_arrival(note: dict[str, Any], begun: int, rank: int, cell: int, digest: int) -> tuple[bool, bool]:
+    """A rank finds its generation revoked by ``note`` after beginning ``begun`` operations on it,
+    and is about to run operation ``digest`` of ``cell``: ``(complete, stale)``.
+
+    ``complete``: it never reached the abandoned collective, so the others' arrivals are still
+    pending; it completes them with :func:`abandoned_header`, so MPI holds no request for ever.
+    ``stale``: its call *is* the abandoned collective, come late (same cell, same digest), and it
+    raises rather than pairing with another call -- unless the cell has ended here (a new cell's
+    call) or it is another collective (this rank skipped the abandoned one).
+    """
+    complete = begun == note["index"] - 1
+    stale = complete and note["rank"] != rank and note.get("cell", 0) == cell and note.get("digest") == digest
+    return complete, stale
+
+
+# -- ranks that left ----------------------------------------------------------------------------
+IDLE_AWAY = 3.0  # seconds a rank may sit idle in an earlier cell before it counts as not running this one
+
+
+def departure(record: Any, cell: int, here: tuple[int, int], waited: float, now_ns: int) -> str | None:
+    """Why a rank whose cell record is ``record`` (:class:`~mpinb._collective.board.CellRecord`) will
+    not enter the operation at ``here`` (generation, place) of ``cell``, or ``None``."""
+    if record is None or not cell:
+        return None
+    if record.ended_cell == cell and (record.ended_gen, record.ended_index) < here:
+        return f"ended its cell ({record.text})"
+    if record.cell > cell or record.ended_cell > cell:
+        return "left this cell and is running a later one"
+    if (not record.running and record.cell < cell and waited > IDLE_AWAY
+            and now_ns - record.ended_ns > IDLE_AWAY * 1e9):
+        idle = "" if not record.ended_ns else f" for {(now_ns - record.ended_ns) / 1e9:.0f} s"
+        return f"is not running this cell (idle{idle})"
+    return None
+
+
+# -- a cell's collectives -----------------------------------------------------------------------
+def cell_record_digest(calls: Sequence[str]) -> int:
+    """The digest of the names of the collectives a rank made in one cell, in order: equal on every
+    rank exactly when they made the same number of collectives of the same kinds."""
+    from mpinb._digest import int_digest
+
+    return int_digest(("\0".join(calls) + f"\0{len(calls)}").encode())
+
+
+# -- the guarantees -----------------------------------------------------------------------------
+class CallOutcome(NamedTuple):
+    """How one rank's call of the protocol model ended: ``cell``, the call's ``label``, whether it
+    returned (``returned``) and whether its value is the one the same call of every rank gives."""
+
+    rank: int
+    cell: int
+    label: str
+    returned: bool
+    right: bool
+
+
+def invariant_violations(calls: Sequence[CallOutcome], cell_errors: dict[tuple[int, int], bool],
+                         released: dict[int, float | None], bound: float) -> list[str]:
+    """The guarantees, as predicates over every rank's outcomes; the violated ones, described.
+
+    - *no wrong value without an error*: a call that returned a value other than the one the same
+      call of every rank gives is only allowed where that rank's cell ends with an error
+      (``cell_errors[rank, cell]``);
+    - *released in time*: a rank whose wait was decided (another rank raised, left or exited) is
+      released within ``bound`` seconds of the deciding event (``released[rank]``: the delay, ``None``
+      if it never was).
+    """
+    found = []
+    for c in calls:
+        if c.returned and not c.right and not cell_errors.get((c.rank, c.cell), False):
+            found.append(f"rank {c.rank} returned a wrong value from {c.label} in cell {c.cell} without an error")
+    for rank, delay in sorted(released.items()):
+        if delay is None:
+            found.append(f"rank {rank} was never released from a wait that another rank had decided")
+        elif delay > bound:
+            found.append(f"rank {rank} was released {delay:.2f} s after the deciding event (bound {bound:g} s)")
+    return found
+
+
+def diagram_markdown() -> str:
+    """The table as a Mermaid state diagram in a Markdown fence, and as a table (for the docs)."""
+    name = {**{p: n.replace(" ", "_") for p, n in PHASES.items()},
+            **{100 + o: n.replace(" ", "_") for o, n in OUTCOMES.items()}}
+    lines = ["```{mermaid}", "stateDiagram-v2", "    [*] --> idle"]
+    for r in RULES:
+        target = name[r.to] if r.to is not None else name[100 + r.outcome]
+        lines.append(f"    {name[r.phase]} --> {target}: {r.event}{' (revokes)' if r.revokes else ''}")
+    for o in OUTCOMES:
+        lines.append(f"    {name[100 + o]} --> [*]")
+    lines += ["```", "", "| phase | event | goes to | revokes | why |", "|---|---|---|---|---|"]
+    for r in RULES:
+        target = PHASES[r.to] if r.to is not None else f"leaves: {OUTCOMES[r.outcome]}"
+        lines.append(f"| {PHASES[r.phase]} | `{r.event}` | {target} | {'yes' if r.revokes else ''} | {r.why} |")
+    return "\n".join(lines) + "\n"
