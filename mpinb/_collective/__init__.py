@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from mpinb._collective.ops import Op
     from mpinb.interrupt import StopFlag
 
-__all__ = ["allgather", "allreduce", "barrier", "bcast", "channel", "collective", "common_exception", "failures",
-           "gather", "gather_rows", "reduce_in_place", "vote"]
+__all__ = ["allgather", "allreduce", "barrier", "bcast", "cell_end_check", "channel", "collective", "common_exception",
+           "failures", "gather", "gather_rows", "reduce_in_place", "vote"]
 
 
 def channel(comm: Any = None) -> Channel:
@@ -173,6 +173,20 @@ def common_exception(module: str, qualname: str, message: str, *, comm: Any = No
 
     with collective(comm, name, (module, qualname), timeout=timeout) as call:
         return agreed(call, module, qualname, message)
+
+
+def cell_end_check(value: Any = None) -> Any:
+    """Compare the collectives of the cell that is ending with every other rank's, on each
+    communicator this rank used in it (collective); returns ``value``. The last statement of every
+    cell on an engine calls it (:mod:`.cells`), so a rank that skipped or added a collective fails
+    its cell, and so does every other rank, instead of keeping a value paired with another call."""
+    from mpinb._collective import cells
+
+    cell = cells.current()
+    if cell.id:
+        for chan in list(_channels.values()):
+            chan.end_cell_check(cell)
+    return value
 
 
 def _stop_vote(stop: StopFlag | None) -> tuple[int, ...]:

@@ -95,11 +95,35 @@ def install() -> bool:
         return False
     shell.events.register("pre_execute", _begin)
     shell.events.register("post_execute", _end)
+    shell.ast_transformers.append(EndCheck())
     _shell = shell
     from mpinb._hidden_frames import install as hide_mpinb_frames
 
     hide_mpinb_frames(shell)  # what a cell shows of an error: the user's frames and the message
     return True
+
+
+class EndCheck:
+    """An IPython AST transformer: the last statement of every cell becomes a call of
+    :func:`mpinb._collective.cell_end_check` (around the last expression, whose value it returns, so
+    what the cell shows is unchanged). The check runs as part of the cell, so a divergence it finds
+    is the cell's error, on every rank -- an error in a ``post_execute`` hook would only be printed."""
+
+    _CALL = "__import__('mpinb._collective', fromlist=['cell_end_check']).cell_end_check()"
+
+    def visit(self, node: Any) -> Any:
+        import ast
+
+        if not isinstance(node, ast.Module) or not node.body:
+            return node
+        call = ast.parse(self._CALL, mode="eval").body
+        last = node.body[-1]
+        if isinstance(last, ast.Expr):
+            call.args = [last.value]
+            node.body[-1] = ast.copy_location(ast.Expr(call), last)
+        else:
+            node.body.append(ast.copy_location(ast.Expr(call), last))
+        return ast.fix_missing_locations(node)
 
 
 def describe_error(error: BaseException | None, limit: int = 300) -> str:

@@ -77,6 +77,7 @@ class Channel:
         self._setting_up = False
         self._sends: list[Any] = []
         self._remote_cells: dict[int, _board.CellRecord] = {}  # ranks on other hosts, from their notices
+        self.ledger = _p.CellLedger()  # this rank's collectives in the current cell
 
     # -- what the rest of mpinb reads ---------------------------------------------------------
     @property
@@ -108,6 +109,8 @@ class Channel:
         self.collect()
         self._set_up(name, seconds, deadline)
         self._check_targets(name, cell)
+        if cell.id and name != _p.CELL_END:
+            self.ledger.record(cell.id, name, _user_site)
         digest = digest_of(name, layout)
         while True:
             self._expect_notices()
@@ -385,6 +388,28 @@ class Channel:
             self._sends += _notices.start(self.ctrl, _notices.CELL_END, self.rank, note, self.hosts)
             self._sends = [s for s in self._sends if not s.Test()]
 
+    def end_cell_check(self, cell: cells.Cell) -> None:
+        """Compare this cell's collectives with every other rank's, as the cell ends without an error
+        here (collective; see :class:`~mpinb._collective.protocol.CellLedger`). A rank that made fewer or
+        more collectives meets the others at a different operation, and every rank raises
+        :class:`~mpinb.CollectiveMismatchError` naming what each made. A rank whose cell ended with an
+        error after the same number of collectives does not take part: the others return."""
+        ledger = self.ledger
+        if self.size == 1 or not self.ready or self.closed or not cell.id or ledger.cell != cell.id:
+            return
+        layout = _CellRecord(ledger.layout(), ledger.describe())
+        try:
+            with self.begin(_p.CELL_END, layout, what="the collectives of this cell"):
+                pass
+        except CollectiveAbandoned as err:
+            record = None if err.by is None else self.cell_record(err.by)
+            gen = self.gens[self.active - 1] if self.active else None
+            if (record is not None and gen is not None and gen.revoked is not None
+                    and record.ended_cell == cell.id and record.ended_gen == gen.number
+                    and record.ended_index == gen.revoked["index"] - 1):
+                return  # it raised after the same collectives as this rank: nothing diverged
+            raise texts.cell_divergence_error(self.rank, err.by, record, ledger) from None
+
     def cell_record(self, rank: int) -> _board.CellRecord | None:
         """Where ``rank`` is in the cells: its board row on this host, its last notice elsewhere."""
         if self.hosts[rank] == self.host and self.board is not None:
@@ -410,6 +435,34 @@ class Channel:
             if why is not None:
                 return r, why
         return None
+
+
+class _CellRecord(str):
+    """The cell-end operation's layout: compared as its text (count and digest of the names), shown
+    in a mismatch with ``detail`` (each collective's call site)."""
+
+    detail: str
+
+    def __new__(cls, text: str, detail: str) -> _CellRecord:
+        self = super().__new__(cls, text)
+        self.detail = detail
+        return self
+
+
+def _user_site() -> str:
+    """The user's line that called the collective being recorded: ``"line 3 of the cell"`` or
+    ``"train.py:41"`` (the innermost frame outside mpinb)."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("mpinb"):
+        frame = frame.f_back
+    if frame is None:
+        return "unknown line"
+    name = frame.f_code.co_filename
+    if name.startswith("<") or "ipykernel" in name or "/ipython-input" in name:
+        return f"line {frame.f_lineno} of the cell"
+    return f"{os.path.basename(name)}:{frame.f_lineno}"
 
 
 def _caller_level() -> int:

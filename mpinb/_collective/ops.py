@@ -265,7 +265,9 @@ class Op:
             )
         # "mismatch": the ranks agree that they differ; what each called travels as data.
         self.step("arrived")
-        texts_ = self.allgather((self.name, layout if isinstance(layout, str) else repr(layout)))
+        shown = getattr(layout, "detail", None) or (layout if isinstance(layout, str) else repr(layout))
+        ledger = self.chan.ledger
+        texts_ = self.allgather((self.name, shown, ledger.describe() if ledger.cell == self.cell and self.cell else ""))
         self.fail(CollectiveMismatchError(texts.mismatch_message(texts_, what)))
 
     def _completed_by_an_abandoner(self) -> None:

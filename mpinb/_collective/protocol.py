@@ -13,12 +13,13 @@ how the arrival is encoded and what its reduced value means (:func:`arrival_head
 :func:`decide_arrival`), whether a revocation reaches an operation (:func:`revocation_reaches`),
 what a rank that finds its generation revoked owes the others (:func:`late_arrival`), whether a
 rank it waits for has left (:func:`departure`), and whether the ranks of a cell made the same
-collectives (:func:`cell_record_digest`). :func:`invariant_violations` states the guarantees as
+collectives (:class:`CellLedger`). :func:`invariant_violations` states the guarantees as
 predicates over the outcomes of all ranks; :func:`diagram_markdown` draws the table.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -26,8 +27,8 @@ import numpy as np
 
 __all__ = [
     "ABANDONED", "ABANDONED_VOTE", "ARRIVING", "DONE", "FAILED", "IDLE", "MOVING", "OUTCOMES", "PHASES",
-    "SWITCHING", "TABLE", "TIMED_OUT", "VOTES", "Arrival", "CallOutcome", "ProtocolError", "Rule",
-    "abandoned_header", "arrival_header", "cell_record_digest", "decide_arrival", "departure",
+    "CELL_END", "SWITCHING", "TABLE", "TIMED_OUT", "VOTES", "Arrival", "CallOutcome", "CellLedger", "ProtocolError",
+    "Rule", "abandoned_header", "arrival_header", "decide_arrival", "departure",
     "diagram_markdown", "invariant_violations", "late_arrival", "observer", "revocation_reaches", "step",
 ]
 
@@ -208,12 +209,45 @@ def departure(record: Any, cell: int, here: tuple[int, int], waited: float, now_
 
 
 # -- a cell's collectives -----------------------------------------------------------------------
-def cell_record_digest(calls: Sequence[str]) -> int:
-    """The digest of the names of the collectives a rank made in one cell, in order: equal on every
-    rank exactly when they made the same number of collectives of the same kinds."""
-    from mpinb._digest import int_digest
+CELL_END = "mpinb cell end"  # the operation that compares the ranks' collectives when a cell ends
+_SHOWN = 8  # collectives of a cell whose call sites a rank keeps, to name a divergence
 
-    return int_digest(("\0".join(calls) + f"\0{len(calls)}").encode())
+
+class CellLedger:
+    """The collectives one rank began on one communicator in the current cell: how many, the digest
+    of their names in order, and the first few with the user's line that called each.
+
+    MPI pairs collectives by order alone and each rank counts its own calls, so a rank that skipped
+    a collective pairs its next same-shaped call with the others' skipped one and nothing at that
+    moment can tell. When the cell ends, the ranks compare their ledgers (:data:`CELL_END`): a rank
+    that made fewer or more collectives than the others meets them at a different operation, and
+    every rank raises, naming what each made. Call sites stay out of the digest: a root branch
+    (``bcast`` from one line on root and another elsewhere) is legal.
+    """
+
+    __slots__ = ("cell", "count", "digest", "shown")
+
+    def __init__(self) -> None:
+        self.cell, self.count, self.digest = 0, 0, 0
+        self.shown: list[tuple[str, str]] = []
+
+    def record(self, cell: int, name: str, site: Callable[[], str]) -> None:
+        if cell != self.cell:
+            self.cell, self.count, self.digest, self.shown = cell, 0, 0, []
+        self.count += 1
+        self.digest = zlib.crc32(name.encode(), self.digest)  # the same in every process, unlike hash()
+        if len(self.shown) < _SHOWN:
+            self.shown.append((name, site()))
+
+    def layout(self) -> str:
+        """What the cell-end operation's arrival compares: the count and the names' digest."""
+        return f"{self.count} collective{'' if self.count == 1 else 's'} (digest {self.digest})"
+
+    def describe(self) -> str:
+        """``"2 collectives: allreduce (line 3), allreduce (line 5)"``: for the divergence message."""
+        calls = ", ".join(f"{name} ({site})" for name, site in self.shown)
+        more = f", and {self.count - len(self.shown)} more" if self.count > len(self.shown) else ""
+        return f"{self.count} collective{'' if self.count == 1 else 's'}: {calls}{more}"
 
 
 # -- the guarantees -----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from mpinb._collective import protocol as _p
 from mpinb._words import describe_mismatch, ranks
-from mpinb.errors import CollectiveAbandoned, CollectiveTimeout
+from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
 
 if TYPE_CHECKING:
     from mpinb._collective.channels import Channel, Gen
@@ -190,10 +190,44 @@ def waiting_notice(op: Op, waited: float) -> str:
             f"{listing(missing) or 'the other ranks'}.")
 
 
-def mismatch_message(texts: list[tuple[str, str]], what: str | None) -> str:
-    names = [n for n, _ in texts]
+def mismatch_message(texts: list[tuple[str, str, str]], what: str | None) -> str:
+    """What differs across ranks: ``texts`` has each rank's operation, layout and the collectives it
+    made in this cell."""
+    names = [n for n, _, _ in texts]
+    if _p.CELL_END in names:
+        return divergence_message(texts)
     if len(set(names)) > 1:
         return describe_mismatch("the mpinb collective called at this point", names) + (
             " Every rank must call the same mpinb collectives in the same order."
         )
-    return describe_mismatch(what or f"{names[0]}'s arguments", [t for _, t in texts])
+    return describe_mismatch(what or f"{names[0]}'s arguments", [t for _, t, _ in texts])
+
+
+def divergence_message(texts: list[tuple[str, str, str]]) -> str:
+    """The ranks of a cell made different collectives: some ended the cell while others called
+    another one. Each group of ranks with what it made, in order, with the lines that called them."""
+    groups: dict[str, list[int]] = {}
+    for rank, (name, _, made) in enumerate(texts):
+        made = made or "no collective"
+        doing = f"ended the cell after {made}" if name == _p.CELL_END else f"were still calling collectives ({made})"
+        groups.setdefault(doing, []).append(rank)
+    listing = "; ".join(f"{ranks(r)} {text}" for text, r in groups.items())
+    return (f"The ranks made different collectives in this cell: {listing}. A rank that skips a "
+            "collective (or makes an extra one) pairs its next call with another call of the others, "
+            "so the values of this cell's collectives cannot be trusted on any rank. Every rank must "
+            "call the same mpinb collectives in the same order.")
+
+
+def cell_divergence_error(rank: int, other: int | None, record: Any, ledger: Any) -> CollectiveMismatchError:
+    """A rank ended the cell (or left it with an error) after fewer collectives than this one."""
+    if record is not None and record.ended_cell == ledger.cell:
+        how = f"ended its cell ({record.text}) before this rank's last collective"
+    else:
+        how = "left this cell before this rank's last collective"
+    who = "another rank" if other is None else f"rank {other}"
+    return CollectiveMismatchError(
+        f"The ranks made different collectives in this cell: {who} {how}, while rank {rank} made "
+        f"{ledger.describe()}. A rank that skips a collective pairs its next call with another call of "
+        "the others, so this cell's values cannot be trusted. Every rank must call the same mpinb "
+        "collectives in the same order."
+    )

@@ -1,0 +1,800 @@
+"""A deterministic simulator of mpinb's collective layer: the protocol model.
+
+N ranks run in one process, each in a greenlet, each calling the real layer (``mpinb.allreduce`` ->
+:class:`~mpinb._collective.channels.Channel`, :class:`~mpinb._collective.ops.Op`, ``poll``, the
+protocol table) over a simulated MPI and a virtual clock: no MPI, no threads, no sleeps. A
+collective completes for a rank, and a notice reaches a rank, only when the scheduler says so; a
+rank runs only when the scheduler picks it. Every step is one choice among the enabled ones, so a
+run is a function of its choices: :mod:`explore` enumerates them exhaustively for small worlds and
+samples them by seeded random walks for larger ones, and a failing run replays exactly from its
+choice list. After every step the simulator checks what can fail at once (a step missing from the
+protocol table, two different collectives matched by MPI); at the end of a run, the guarantees of
+:func:`mpinb._collective.protocol.invariant_violations`, the recovery of the next cell, hangs and
+requests left pending on a communicator.
+
+What is simulated, not run: MPI (collectives matched by order on a communicator, each rank's request
+completing on its own; point-to-point messages delivered in order per pair), the status board (the
+real :class:`Board` over memory, not a file; a dead rank's process check), and the engines' cells.
+The channel is built already set up (the set-up exchange is proven by the ``mpi`` tier).
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import greenlet
+import numpy as np
+
+import mpinb
+from mpinb import _collective
+from mpinb import interrupt as _interrupt
+from mpinb._collective import board as _board
+from mpinb._collective import cells as _cells
+from mpinb._collective import channels as _channels
+from mpinb._collective import fused as _fused
+from mpinb._collective import ops as _ops
+from mpinb._collective import protocol as _p
+from mpinb._collective import texts as _texts
+from mpinb._collective import wait as _wait
+
+TICK = 0.01  # virtual seconds a rank that yields the core waits before it runs again unasked
+IDLE_TICK = 0.05  # an engine idle between cells looks at its notices this often (as ``_IDLE_NOTICES``)
+BOUND = 1.0  # a rank whose wait another rank decided is released within this (the promise)
+T_MAX = 60.0  # virtual seconds after which a run that has not ended is a hang
+
+
+class Violation(BaseException):
+    """A broken guarantee, found while or after running a schedule (a BaseException, so that no
+    handler of the layer or of a cell takes it for the user's error)."""
+
+
+class Stop(BaseException):
+    """Ends a rank's greenlet when the run is over."""
+
+
+# -- simulated MPI --------------------------------------------------------------------------------
+class Req:
+    __slots__ = ("done", "apply", "rank", "inst")
+
+    def __init__(self, rank: int, inst: Any = None) -> None:
+        self.done, self.apply, self.rank, self.inst = inst is None, None, rank, inst
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        return self.done
+
+
+class Status:
+    def __init__(self) -> None:
+        self.tag = -1
+
+    def Get_tag(self) -> int:  # noqa: N802
+        return self.tag
+
+
+class _RequestNS:
+    @staticmethod
+    def Testall(requests: list[Req]) -> bool:  # noqa: N802
+        return all(r.done for r in requests)
+
+
+class FakeMPI:
+    """What the layer uses of ``mpi4py.MPI``."""
+
+    IN_PLACE = "IN_PLACE"
+    SUM, MIN, MAX = "sum", "min", "max"
+    ANY_SOURCE = ANY_TAG = -1
+    Status = Status
+    Request = _RequestNS
+
+    @staticmethod
+    def Is_finalized() -> bool:  # noqa: N802
+        return False
+
+
+class Instance:
+    """The i-th collective posted on a communicator: MPI matches by order, nothing else."""
+
+    __slots__ = ("posts", "ready")
+
+    def __init__(self) -> None:
+        self.posts: dict[int, tuple[str, tuple, Req]] = {}
+        self.ready = False
+
+
+class Context:
+    """One communicator, shared by every rank's handle of it."""
+
+    def __init__(self, sim: Sim, name: str) -> None:
+        self.sim, self.name = sim, name
+        self.instances: list[Instance] = []
+        self.posted = [0] * sim.n
+        self.dups: list[Context] = []
+        self.inbox: list[deque] = [deque() for _ in range(sim.n)]  # delivered point-to-point messages
+        self.freed: set[int] = set()
+
+
+class Comm:
+    """One rank's handle of a :class:`Context`: the calls the layer makes."""
+
+    _next_handle = 1
+
+    def __init__(self, ctx: Context, rank: int) -> None:
+        self.ctx, self.rank = ctx, rank
+        self.handle = Comm._next_handle
+        Comm._next_handle += 1
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.ctx.sim.n
+
+    def Free(self) -> None:  # noqa: N802
+        self.ctx.freed.add(self.rank)
+
+    def _post(self, kind: str, args: tuple) -> Req:
+        ctx, sim = self.ctx, self.ctx.sim
+        i = ctx.posted[self.rank]
+        ctx.posted[self.rank] += 1
+        while len(ctx.instances) <= i:
+            ctx.instances.append(Instance())
+        inst = ctx.instances[i]
+        req = Req(self.rank, inst)
+        inst.posts[self.rank] = (kind, args, req)
+        sim.touch()
+        if len(inst.posts) == sim.n:
+            sim.match(ctx, i, inst)
+        return req
+
+    def Iallreduce(self, send: Any, recv: Any, op: str) -> Req:  # noqa: N802
+        data = (recv if send is FakeMPI.IN_PLACE else send).copy()
+        return self._post("allreduce", (data, recv, op))
+
+    def Ibcast(self, buf: Any, root: int) -> Req:  # noqa: N802
+        return self._post("bcast", (buf.copy() if self.rank == root else None, buf, root))
+
+    def Iallgather(self, send: Any, recv: Any) -> Req:  # noqa: N802
+        return self._post("allgather", (send.copy(), recv, None))
+
+    def Igather(self, send: Any, recv: Any, root: int) -> Req:  # noqa: N802
+        return self._post("gather", (send.copy(), recv, root))
+
+    def Iallgatherv(self, send: Any, spec: Any) -> Req:  # noqa: N802
+        return self._post("allgatherv", (send.copy(), spec, None))
+
+    def Igatherv(self, send: Any, spec: Any, root: int) -> Req:  # noqa: N802
+        return self._post("gatherv", (send.copy(), spec, root))
+
+    def Idup(self) -> tuple[Comm, Req]:  # noqa: N802
+        ctx = self.ctx
+        k = sum(1 for kind, _, _ in (inst.posts.get(self.rank, ("", (), None)) for inst in ctx.instances)
+                if kind == "dup")
+        while len(ctx.dups) <= k:
+            ctx.dups.append(Context(ctx.sim, f"{ctx.name}.{len(ctx.dups)}"))
+        return Comm(ctx.dups[k], self.rank), self._post("dup", (k,))
+
+    def isend(self, obj: Any, dest: int, tag: int) -> Req:
+        self.ctx.sim.send(self.ctx, self.rank, dest, tag, pickle.dumps(obj))
+        return Req(self.rank)  # small notes are eager: complete at once
+
+    def improbe(self, source: int, tag: int, status: Status) -> Any:
+        box = self.ctx.inbox[self.rank]
+        if not box:
+            return None
+        msg_tag, data = box.popleft()
+        status.tag = msg_tag
+        self.ctx.sim.touch()
+        return _Message(data)
+
+
+class _Message:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def recv(self) -> Any:
+        return pickle.loads(self.data)
+
+
+def _reduce(parts: list[np.ndarray], op: str) -> np.ndarray:
+    out = parts[0].copy()
+    for p in parts[1:]:
+        if op == "sum":
+            out = out + p
+        elif op == "min":
+            out = np.minimum(out, p)
+        else:
+            out = np.maximum(out, p)
+    return out
+
+
+# -- the board, over memory --------------------------------------------------------------------
+class SimBoard(_board.Board):
+    """The real board's rows over memory; process checks and where-probes answered by the simulator."""
+
+    def __init__(self, sim: Sim, rank: int) -> None:  # noqa: D107 - no file, no signal
+        self.sim, self.rank = sim, rank
+        self._own_map = bytearray(_board._WORDS * 8)
+        self.mine = memoryview(self._own_map).cast("q")
+        self.mine[_board._PID] = 10_000 + rank
+        self.path, self._where = f"sim-board-{rank}", None
+        self.peers: dict[int, np.ndarray] = {}
+        self.shared = self.mine
+        self._maps: list[Any] = []
+        self._names: dict[str, memoryview] = {}
+        self._last_name = ""
+
+    def link(self, boards: dict[int, SimBoard], leader: int) -> None:
+        for r, b in boards.items():
+            if r != self.rank:
+                self.peers[r] = np.frombuffer(b._own_map, dtype=np.int64)
+        if leader != self.rank:
+            self.shared = memoryview(boards[leader]._own_map).cast("q")
+
+    def unlink(self) -> None:
+        pass
+
+    def alive(self, rank: int) -> bool:
+        return self.sim.ranks[rank].alive
+
+    def ask_where(self, ranks: list[int], timeout: float = 1.0) -> dict[int, str]:
+        return {r: self.sim.ranks[r].where for r in ranks if self.sim.ranks[r].alive}
+
+    # Every write is news for the ranks that read this row.
+    def enter(self, *args: Any) -> None:
+        super().enter(*args)
+        self.sim.touch()
+
+    def leave(self, outcome: int) -> None:
+        super().leave(outcome)
+        self.sim.touch()
+
+    def phase(self, phase: int) -> None:
+        super().phase(phase)
+        self.sim.touch()
+
+    def cell_begin(self, cell: int) -> None:
+        super().cell_begin(cell)
+        self.sim.touch()
+
+    def cell_end(self, *args: Any) -> None:
+        super().cell_end(*args)
+        self.sim.touch()
+
+    def mark_revoked(self, gen: int) -> None:
+        super().mark_revoked(gen)
+        self.sim.touch()
+
+
+# -- virtual time ----------------------------------------------------------------------------------
+class FakeTime:
+    """``time`` as the layer sees it: the simulator's clock; sleeping yields to the scheduler."""
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+
+    def monotonic(self) -> float:
+        return self.sim.now
+
+    perf_counter = monotonic
+
+    def time(self) -> float:
+        return 1.0e9 + self.sim.now
+
+    def time_ns(self) -> int:
+        return int((1.0e9 + self.sim.now) * 1e9)
+
+    def sleep(self, seconds: float) -> None:
+        self.sim.pause(max(seconds, 1e-6))
+
+
+class FakeOS:
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+
+    def sched_yield(self) -> None:
+        self.sim.pause(TICK)
+
+
+# -- programs -----------------------------------------------------------------------------------
+@dataclass
+class Call:
+    """One ``mpinb.allreduce`` of a rank: ``label`` names the call in the program (the same label on
+    every rank is the same call), ``timeout`` its deadline (``None``: none)."""
+
+    label: str
+    timeout: float | None = None
+
+
+@dataclass
+class Compute:
+    seconds: float
+
+
+@dataclass
+class Raise:
+    """The user's code raises here: the cell ends with this error on this rank."""
+
+
+@dataclass
+class Die:
+    """The rank's process dies here."""
+
+
+@dataclass
+class Scenario:
+    """``cells[c][r]``: rank r's steps in cell c (cell ids are ``c + 1``); ``hosts[r]``: its host.
+    ``queued``: every cell is sent before the previous one ends (``%%px --noblock``); otherwise a
+    cell starts when every rank has ended the previous one. ``interrupts``: (cell, rank) pairs hit by
+    Ctrl-C at a moment the scheduler chooses while the rank runs that cell. A last cell, in which
+    every rank calls one collective, checks that the world recovered."""
+
+    name: str
+    n: int
+    hosts: list[str]
+    cells: list[list[list[Any]]]
+    queued: bool = False
+    interrupts: list[tuple[int, int]] = field(default_factory=list)
+
+
+def value_of(label: str, rank: int) -> float:
+    """Rank ``rank``'s contribution to the call ``label``: every call's sum is different."""
+    return float((sum(map(ord, label)) % 997) * 1000 + rank + 1)
+
+
+# -- ranks ------------------------------------------------------------------------------------
+RUNNABLE, WAITING, COMPUTING, IDLE, FINISHED = range(5)
+
+
+class Rank:
+    def __init__(self, sim: Sim, r: int) -> None:
+        self.sim, self.r = sim, r
+        self.state = RUNNABLE
+        self.wake_at = 0.0
+        self.seen = -1
+        self.alive = True
+        self.cell = _cells._NONE
+        self.plans: dict = {}
+        self.pending_at: float | None = None
+        self.interrupt = False
+        self.where = "starting"
+        self.cell_index = 0  # the next cell to run
+        self.glet: greenlet.greenlet | None = None
+        self.chan: Any = None
+        self.channels: dict[int, Any] = {}  # this rank's mpinb._collective._channels
+
+
+@dataclass
+class Record:
+    """What happened in one run, for the invariants."""
+
+    calls: list[_p.CallOutcome] = field(default_factory=list)
+    cell_errors: dict[tuple[int, int], bool] = field(default_factory=dict)
+    cell_ended: dict[tuple[int, int], float] = field(default_factory=dict)
+    ops_begun: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, cell) -> collectives called
+    first_trouble: dict[int, float] = field(default_factory=dict)  # cell -> first raise/give-up/death
+    abnormal: list[tuple[int, int, str, float, float]] = field(default_factory=list)  # rank, cell, op, in, out
+    rules: set[tuple[int, str]] = field(default_factory=set)
+    errors: dict[tuple[int, int], str] = field(default_factory=dict)
+
+
+# -- the simulator ------------------------------------------------------------------------------
+class Sim:
+    def __init__(self, scenario: Scenario, chooser: Any) -> None:
+        self.sc, self.n, self.chooser = scenario, scenario.n, chooser
+        self.now = 0.0
+        self.epoch = 0
+        self.ranks = [Rank(self, r) for r in range(self.n)]
+        self.flight: dict[tuple[int, int], deque] = {}  # (src, dst) -> messages in order
+        self.contexts: list[Context] = []
+        self.rec = Record()
+        self.steps = 0
+        self.current: Rank | None = None
+        self.main = greenlet.getcurrent()
+        self.cells_ended: list[set[int]] = [set() for _ in scenario.cells]
+        self.interrupts_left = {(c + 1, r) for c, r in scenario.interrupts}
+        self.ops_in: dict[int, tuple[int, str, float]] = {}  # rank -> (cell, label, entered) of its call
+        self.ready_reqs: list[tuple[str, int, int, Req]] = []  # matched, not yet complete for that rank
+        self.stopping = False
+        self.protocol_errors: list[str] = []
+
+    # MPI
+    def touch(self) -> None:
+        self.epoch += 1
+
+    def match(self, ctx: Context, i: int, inst: Instance) -> None:
+        kinds = {kind for kind, _, _ in inst.posts.values()}
+        if len(kinds) > 1:
+            raise Violation(f"MPI matched different collectives on {ctx.name} #{i}: "
+                            + ", ".join(f"rank {r} {k}" for r, (k, _, _) in sorted(inst.posts.items())))
+        kind = kinds.pop()
+        posts = [inst.posts[r] for r in range(self.n)]
+        if kind == "allreduce":
+            ops_ = {a[2] for _, a, _ in posts}
+            shapes = {(a[0].shape, a[0].dtype.str) for _, a, _ in posts}
+            if len(ops_) > 1 or len(shapes) > 1:
+                raise Violation(f"MPI matched allreduces of different ops or buffers on {ctx.name} #{i}: {shapes}")
+            result = _reduce([a[0] for _, a, _ in posts], posts[0][1][2])
+            for _, (data, recv, _), req in posts:
+                req.apply = (lambda recv=recv: recv.__setitem__(Ellipsis, result))
+        elif kind == "bcast":
+            roots = {a[2] for _, a, _ in posts}
+            if len(roots) > 1:
+                raise Violation(f"MPI matched broadcasts from different roots on {ctx.name} #{i}")
+            data = posts[roots.pop()][1][0]
+            for _, (_, buf, _), req in posts:
+                if buf.size != data.size:
+                    raise Violation(f"MPI matched broadcasts of different sizes on {ctx.name} #{i}")
+                req.apply = (lambda buf=buf: buf.__setitem__(Ellipsis, data.reshape(buf.shape)))
+        elif kind in ("allgather", "gather"):
+            stacked = np.stack([a[0] for _, a, _ in posts])
+            for r, (_, (_, recv, root), req) in enumerate(posts):
+                if recv is not None and (root is None or root == r):
+                    req.apply = (lambda recv=recv: recv.__setitem__(Ellipsis, stacked.reshape(recv.shape)))
+        elif kind in ("allgatherv", "gatherv"):
+            joined = np.concatenate([a[0] for _, a, _ in posts])
+            for r, (_, (_, spec, root), req) in enumerate(posts):
+                if spec is not None and (root is None or root == r):
+                    buf = spec[0]
+                    req.apply = (lambda buf=buf: buf.__setitem__(slice(0, joined.size), joined))
+        inst.ready = True
+        for r, (_, _, req) in sorted(inst.posts.items()):
+            self.ready_reqs.append((ctx.name, i, r, req))
+
+    def send(self, ctx: Context, src: int, dst: int, tag: int, data: bytes) -> None:
+        self.flight.setdefault((src, dst), deque()).append((ctx, tag, data))
+        self.touch()
+
+    # the ranks' side
+    def pause(self, seconds: float) -> None:
+        rank = self.current
+        rank.state, rank.wake_at, rank.seen = WAITING, self.now + seconds, self.epoch
+        self._switch_out(rank)
+        if rank.interrupt:
+            rank.interrupt = False
+            raise KeyboardInterrupt()
+
+    def compute(self, seconds: float) -> None:
+        rank = self.current
+        rank.state, rank.wake_at = COMPUTING, self.now + seconds
+        rank.where = f"computing in cell {rank.cell.id}"
+        self._switch_out(rank)
+        if rank.interrupt:
+            rank.interrupt = False
+            raise KeyboardInterrupt()
+
+    def _switch_out(self, rank: Rank) -> None:
+        if self.stopping:
+            raise Stop
+        rank.cell, rank.plans, rank.pending_at = _cells._current, _fused._plans, _interrupt._pending_at
+        self.main.switch()
+        if self.stopping:
+            raise Stop
+        _swap_in(rank)
+
+    # scheduling
+    def enabled(self) -> list[tuple]:
+        out: list[tuple] = []
+        for rank in self.ranks:
+            if not rank.alive or rank.state == FINISHED:
+                continue
+            if rank.state == RUNNABLE or (rank.state == WAITING and (self.epoch > rank.seen or self.now >= rank.wake_at)):
+                out.append(("run", rank.r))
+            elif rank.state in (COMPUTING, IDLE) and self.now >= rank.wake_at:
+                out.append(("run", rank.r))
+            elif rank.state == IDLE and self._cell_available(rank):
+                out.append(("run", rank.r))
+            cell = rank.cell.id if rank.state in (WAITING, COMPUTING) else 0
+            if cell and (cell, rank.r) in self.interrupts_left:
+                out.append(("interrupt", rank.r))
+        for name, i, r, req in self.ready_reqs:
+            if self.ranks[r].alive:
+                out.append(("complete", name, i, r, req))
+        for (src, dst), queue in sorted(self.flight.items(), key=lambda kv: kv[0]):
+            if queue:
+                out.append(("deliver", src, dst))
+        return out
+
+    def _cell_available(self, rank: Rank) -> bool:
+        c = rank.cell_index
+        if c > len(self.sc.cells):
+            return False
+        if c == 0 or self.sc.queued:
+            return True
+        alive = {r.r for r in self.ranks if r.alive}
+        return alive <= self.cells_ended[c - 1]
+
+    def apply(self, choice: tuple) -> None:
+        kind = choice[0]
+        if kind == "run":
+            self._run(self.ranks[choice[1]])
+        elif kind == "interrupt":
+            rank = self.ranks[choice[1]]
+            self.interrupts_left.discard((rank.cell.id, rank.r))
+            rank.interrupt = True
+            self.rec.first_trouble.setdefault(rank.cell.id, self.now)
+            self._run(rank)
+        elif kind == "complete":
+            req = choice[4]
+            self.ready_reqs.remove((choice[1], choice[2], choice[3], req))
+            if req.apply is not None:
+                req.apply()
+            req.done = True
+            self.touch()
+        else:
+            _, src, dst = choice
+            ctx, tag, data = self.flight[src, dst].popleft()
+            if self.ranks[dst].alive:
+                ctx.inbox[dst].append((tag, data))
+            self.touch()
+
+    def _run(self, rank: Rank) -> None:
+        self.current = rank
+        if rank.state == IDLE:
+            rank.state = RUNNABLE
+        if rank.state != RUNNABLE:
+            rank.state = RUNNABLE
+        _swap_in(rank)
+        rank.glet.switch()
+        self.current = None
+
+    def run(self) -> Record:
+        for rank in self.ranks:
+            rank.glet = greenlet.greenlet(lambda rank=rank: self._rank_main(rank), parent=self.main)
+        self._build_channels()
+        while True:
+            if all(r.state == FINISHED or not r.alive for r in self.ranks):
+                break
+            choices = self.enabled()
+            if not choices:
+                wakes = [r.wake_at for r in self.ranks if r.alive and r.state in (WAITING, COMPUTING, IDLE)]
+                if not wakes:
+                    raise Violation("deadlock: no rank can run and nothing is in flight")
+                self.now = max(self.now, min(wakes))
+                if self.now > T_MAX:
+                    raise Violation("hang: " + self._describe_waiting())
+                continue
+            choice = choices[self.chooser.choose(len(choices))] if len(choices) > 1 else choices[0]
+            self.steps += 1
+            self.apply(choice)
+            if self.protocol_errors:
+                raise Violation(self.protocol_errors[0])
+        self._check_end()
+        return self.rec
+
+    def stop(self) -> None:
+        self.stopping = True
+        for rank in self.ranks:
+            if rank.glet is not None and not rank.glet.dead:
+                try:
+                    rank.glet.throw(Stop)
+                except BaseException:  # noqa: BLE001 - a rank's teardown must not mask the result
+                    pass
+
+    def _describe_waiting(self) -> str:
+        return "; ".join(f"rank {rank.r} at {rank.where}" for rank in self.ranks
+                         if rank.alive and rank.state != FINISHED) or "nothing runs"
+
+    def _build_channels(self) -> None:
+        world, ctrl, gen0 = (Context(self, name) for name in ("world", "ctrl", "gen0"))
+        self.contexts += [world, ctrl, gen0]
+        boards = {r: SimBoard(self, r) for r in range(self.n)}
+        hosts = self.sc.hosts
+        for rank in self.ranks:
+            r = rank.r
+            chan = _channels.Channel(Comm(world, r))
+            chan.hosts = list(hosts)
+            chan.affinity = [frozenset(range(64))] * self.n
+            chan.engines = list(range(self.n))
+            chan.ctrl = Comm(ctrl, r)
+            chan.gens = [_channels.Gen(0, Comm(gen0, r), None)]
+            chan.board = boards[r]
+            same = {q: boards[q] for q in range(self.n) if hosts[q] == hosts[r]}
+            chan.board.link(same, leader=min(same))
+            chan.crowded = False
+            chan.ready = True
+            rank.chan = chan
+            # mpinb.allreduce(comm=...) finds the channel by the communicator's handle.
+            rank.channels[chan.parent.handle] = chan
+        self._world = world
+
+    def _rank_main(self, rank: Rank) -> None:
+        r, chan = rank.r, rank.chan
+        try:
+            cells = self.sc.cells + [[[Call("check")] for _ in range(self.n)]]
+            while rank.cell_index < len(cells):
+                while not self._cell_available(rank):
+                    self._idle(rank)
+                c = rank.cell_index
+                rank.cell_index += 1
+                cell = _cells.Cell(c + 1)
+                _cells._current = cell
+                chan.on_cell("begin", cell, None)
+                error: BaseException | None = None
+                begun = 0
+                try:
+                    for step in cells[c][r]:
+                        if isinstance(step, Call):
+                            begun += 1
+                            self.rec.ops_begun[r, c + 1] = begun
+                            rank.where = f"allreduce {step.label} in cell {c + 1}"
+                            self._call(rank, c + 1, step)
+                        elif isinstance(step, Compute):
+                            self.compute(step.seconds)
+                        elif isinstance(step, Raise):
+                            raise ValueError(f"the user's code raised on rank {r}")
+                        elif isinstance(step, Die):
+                            self._die(rank)
+                            return
+                    rank.where = f"the end of cell {c + 1}"
+                    _collective.cell_end_check()  # the cell's last statement on an engine (cells.EndCheck)
+                except (KeyboardInterrupt, Exception) as err:  # the cell's error, as the engine records it
+                    error = err
+                rank.where = f"idle after cell {c + 1}"
+                self.rec.cell_errors[r, c + 1] = error is not None
+                if error is not None:
+                    self.rec.errors[r, c + 1] = f"{type(error).__name__}: {error}"
+                    self.rec.first_trouble.setdefault(c + 1, self.now)
+                self.rec.cell_ended[r, c + 1] = self.now
+                chan.on_cell("end", cell, error)
+                _cells._current = _cells._NONE
+                if c < len(self.cells_ended):
+                    self.cells_ended[c].add(r)
+            # The engine stays up, idle, passing notes on, until every rank has ended the last cell.
+            last = len(cells)
+            while not all(x is rank or not x.alive or (x.r, last) in self.rec.cell_ended for x in self.ranks):
+                self._idle(rank)
+            chan.close()
+        finally:
+            rank.state = FINISHED
+
+    def _idle(self, rank: Rank) -> None:
+        rank.state, rank.wake_at = IDLE, self.now + IDLE_TICK
+        self._switch_out(rank)
+        rank.chan.notices()
+
+    def _die(self, rank: Rank) -> None:
+        rank.alive = False
+        rank.where = "dead"
+        self.rec.first_trouble.setdefault(rank.cell.id, self.now)
+        self.touch()
+
+    def _call(self, rank: Rank, cell: int, step: Call) -> None:
+        value = np.full(2, value_of(step.label, rank.r))
+        self.ops_in[rank.r] = (cell, step.label, self.now)
+        try:
+            result = mpinb.allreduce([value], comm=rank.chan.parent, timeout=step.timeout)[0]
+        except BaseException:
+            self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, False, False))
+            raise
+        finally:
+            self.ops_in.pop(rank.r, None)
+        right = float(sum(value_of(step.label, q) for q in range(self.n)))
+        self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, True, bool(np.all(result == right))))
+
+    # observing the protocol
+    def observe(self, op: Any, rule: _p.Rule) -> None:
+        self.rec.rules.add((rule.phase, rule.event))
+        if op is None or self.current is None:
+            return
+        rank = self.current
+        if rule.outcome is not None and rule.outcome != _p.DONE and rule.event != "fail":
+            cell, label, entered = self.ops_in.get(rank.r, (op.cell, op.name, op.began))
+            self.rec.abnormal.append((rank.r, cell, label, entered, self.now))
+            if rule.event in ("deadline", "interrupt", "raise"):
+                self.rec.first_trouble.setdefault(cell, self.now)
+
+    # the guarantees, at the end of a run
+    def _check_end(self) -> None:
+        rec = self.rec
+        dead = any(not r.alive for r in self.ranks)
+        problems = _p.invariant_violations(rec.calls, rec.cell_errors, {}, BOUND)
+        # Released in time: an operation that did not complete ended within the bound of the first
+        # trouble in its cell (a raise, a give-up, a death, or a rank that left the cell with fewer
+        # collectives than another).
+        for c in range(1, len(self.sc.cells) + 2):
+            begun = {r: rec.ops_begun.get((r, c), 0) for r in range(self.n)}
+            most = max(begun.values(), default=0)
+            early = [rec.cell_ended[r, c] for r in range(self.n) if begun[r] < most and (r, c) in rec.cell_ended]
+            trouble = min([t for t in (rec.first_trouble.get(c),) if t is not None] + early, default=None)
+            for r, cell, label, entered, left in rec.abnormal:
+                if cell == c and trouble is not None and left - max(entered, trouble) > BOUND + 1e-9:
+                    problems.append(f"rank {r} waited in {label} (cell {c}) {left - max(entered, trouble):.2f} s "
+                                    f"after the first trouble in its cell (bound {BOUND:g} s)")
+        if not dead:
+            last = len(self.sc.cells) + 1
+            for r in range(self.n):
+                if rec.cell_errors.get((r, last)):
+                    problems.append(f"the world did not recover: rank {r}'s next cell raised "
+                                    f"{rec.errors.get((r, last))}")
+            # Nothing left pending: every collective some rank posted was posted by every rank.
+            for ctx in self.contexts + [d for c in self.contexts for d in _all_dups(c)]:
+                for i, inst in enumerate(ctx.instances):
+                    if len(inst.posts) != self.n:
+                        problems.append(f"a collective left pending on {ctx.name} #{i}: posted by ranks "
+                                        f"{sorted(inst.posts)} only")
+        if problems:
+            raise Violation("; ".join(dict.fromkeys(problems)))
+
+
+def _swap_in(rank: Rank) -> None:
+    """The module state that is per process in real life, made this rank's."""
+    _cells._current, _fused._plans, _interrupt._pending_at = rank.cell, rank.plans, rank.pending_at
+    _collective._channels = rank.channels
+
+
+def _all_dups(ctx: Context) -> list[Context]:
+    out = []
+    for d in ctx.dups:
+        out.append(d)
+        out += _all_dups(d)
+    return out
+
+
+# -- patching the layer onto the simulation ------------------------------------------------------
+class Patched:
+    """Points the layer's MPI, clock and sleeps at a :class:`Sim` (and back, on exit)."""
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+        self.saved: list[tuple[Any, str, Any]] = []
+
+    def set(self, obj: Any, name: str, value: Any) -> None:
+        self.saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def __enter__(self) -> Patched:
+        sim, clock = self.sim, FakeTime(self.sim)
+        for module in (_channels, _ops, _wait):
+            self.set(module, "MPI", FakeMPI)
+        for module in (_channels, _ops, _wait, _texts, _board, _cells):
+            self.set(module, "time", clock)
+        self.set(_wait, "os", FakeOS(sim))
+        # Coarser waiting than on a real machine: the same decisions, fewer steps.
+        for module in (_channels, _ops, _wait):
+            self.set(module, "SPIN", 0.0)
+        for name, value in (("_DATA_SPIN", 0.0), ("_YIELD", 0.0), ("_FIRST_PAUSE", 1e-3), ("_MAX_PAUSE", 0.05)):
+            self.set(_wait, name, value)
+        self.set(_ops, "_MPI_OPS", {"sum": FakeMPI.SUM, "min": FakeMPI.MIN, "max": FakeMPI.MAX})
+        self.set(_ops, "_notice_cache", ("", None))  # no waiting notices on stderr
+        self.set(_ops, "_notice_after", lambda: None)
+        self.set(_p, "observer", sim.observe)
+        step = _p.step
+
+        def checked_step(phase: int, event: str, op: Any = None) -> _p.Rule:
+            try:
+                return step(phase, event, op)
+            except _p.ProtocolError as err:
+                sim.protocol_errors.append(str(err))
+                raise
+
+        self.set(_p, "step", checked_step)
+        self.set(_cells, "_current", _cells._NONE)
+        self.set(_fused, "_plans", {})
+        self.set(_collective, "_channels", {})
+        self.set(_interrupt, "_pending_at", None)
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.simplefilter("ignore")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._warnings.__exit__(*exc)
+        for obj, name, value in reversed(self.saved):
+            setattr(obj, name, value)
+
+
+def run_schedule(scenario: Scenario, chooser: Any) -> tuple[Record | None, str | None, int]:
+    """Run ``scenario`` once under ``chooser``: (record, violation text or None, steps)."""
+    sim = Sim(scenario, chooser)
+    with Patched(sim):
+        try:
+            record = sim.run()
+            return record, None, sim.steps
+        except Violation as v:
+            return sim.rec, str(v), sim.steps
+        finally:
+            sim.stop()
