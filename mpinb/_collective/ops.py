@@ -25,7 +25,7 @@ from mpi4py import MPI
 from mpinb import interrupt as _interrupt
 from mpinb._collective import protocol as _p
 from mpinb._collective import texts
-from mpinb._collective.protocol import ABANDONED_VOTE, VOTES, abandoned_header
+from mpinb._collective.protocol import VOTES
 from mpinb._collective.wait import SPIN, DeadlinePassed, PeerGaveUp, PeerLeft, poll
 from mpinb._digest import int_digest
 from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
@@ -33,7 +33,7 @@ from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, Collectiv
 if TYPE_CHECKING:
     from mpinb._collective.channels import Channel, Gen
 
-__all__ = ["ABANDONED_VOTE", "Op", "Retry", "abandoned_header", "digest_of"]
+__all__ = ["Op", "Retry", "digest_of"]
 
 _NOTICE_ENV = "MPINB_WAIT_NOTICE"  # seconds of waiting before a rank says whom it waits for
 
@@ -275,8 +275,12 @@ class Op:
         :func:`abandoned_header`): run again on the next generation if this operation belongs to a
         later cell than the abandoned one, else raise as the others did -- never move data here."""
         self.step("retire")
-        note = self.chan.await_revocation(self.gen)
-        self.chan.retire(self, f"{self.name} #{self.index} was abandoned by another rank")
+        try:
+            note = self.chan.await_revocation(self.gen)
+        finally:
+            # Also when Ctrl-C comes while waiting for the notice: a generation this rank does not
+            # retire here, it would run its next collective on, alone (found by the protocol model).
+            self.chan.retire(self, f"{self.name} #{self.index} was abandoned by another rank")
         if note is None or note["rank"] == self.chan.rank:
             raise CollectiveAbandoned(
                 f"{self.name} #{self.index} stopped on rank {self.chan.rank}: another rank had given up on this "

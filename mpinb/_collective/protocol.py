@@ -194,13 +194,21 @@ IDLE_AWAY = 3.0  # seconds a rank may sit idle in an earlier cell before it coun
 
 def departure(record: Any, cell: int, here: tuple[int, int], waited: float, now_ns: int) -> str | None:
     """Why a rank whose cell record is ``record`` (:class:`~mpinb._collective.board.CellRecord`) will
-    not enter the operation at ``here`` (generation, place) of ``cell``, or ``None``."""
+    not enter the operation at ``here`` (generation, place) of ``cell``, or ``None``.
+
+    A rank's place only grows, so a rank that ended this cell, or a later one, at a place before
+    ``here`` never entered this operation; one that ended it at or after ``here`` did (it may have
+    finished this operation and moved on before this rank saw it complete), and is not waited for in vain.
+    """
     if record is None or not cell:
         return None
-    if record.ended_cell == cell and (record.ended_gen, record.ended_index) < here:
-        return f"ended its cell ({record.text})"
-    if record.cell > cell or record.ended_cell > cell:
-        return "left this cell and is running a later one"
+    if record.ended_cell >= cell:
+        if (record.ended_gen, record.ended_index) >= here:
+            return None
+        return f"ended its cell ({record.text})" if record.ended_cell == cell else \
+            "left this cell and is running a later one"
+    if record.cell > cell:
+        return "is running a later cell without having run this one"
     if (not record.running and record.cell < cell and waited > IDLE_AWAY
             and now_ns - record.ended_ns > IDLE_AWAY * 1e9):
         idle = "" if not record.ended_ns else f" for {(now_ns - record.ended_ns) / 1e9:.0f} s"

@@ -107,3 +107,32 @@ def _trim(choices: list[int]) -> list[int]:
 def replay(scenario: Scenario, choices: list[int]) -> str | None:
     """The violation ``choices`` reproduce on ``scenario``, or None."""
     return run_schedule(scenario, Chooser(choices))[1]
+
+
+# -- jobs, for a pool of worker processes -------------------------------------------------------
+def run_job(job: tuple) -> dict:
+    """One unit of work: ``(mode, n, fault, layout, seed, amount, mutant)``; mode ``"exhaustive"``
+    (``amount`` = (depth, limit)) or ``"walks"`` (``amount`` = number of seeds). With ``mutant``, the
+    seeded bug is in place and the job stops at the first violation."""
+    import contextlib
+    import time
+
+    from mutants import MUTANTS
+    from scenarios import build
+
+    mode, n, fault, layout, seed, amount, mutant = job
+    scenario = build(n, fault, layout, seed)
+    tally = Tally()
+    t0 = time.monotonic()
+    if scenario is not None:
+        with MUTANTS[mutant]() if mutant else contextlib.nullcontext():
+            if mode == "exhaustive":
+                exhaustive(scenario, amount[0], amount[1], tally, stop_at_first=True)
+            else:
+                random_walks(scenario, range(seed * 100_000, seed * 100_000 + amount), tally, stop_at_first=True)
+            found = [shortest(tally.found[0], tries=40)] if tally.found and not mutant else tally.found[:1]
+    else:
+        found = []
+    return {"job": job, "schedules": tally.schedules, "seconds": time.monotonic() - t0,
+            "found": [(f.scenario.name, f.violation, f.choices, f.steps) for f in found],
+            "rules": sorted(tally.rules)}

@@ -1,0 +1,119 @@
+"""The programs the protocol model runs: every rank's cells, with one fault injected.
+
+Each scenario is a notebook session on ``n`` engines: two cells of two collectives each (labels say
+which call is which, so a value paired with another call is seen as wrong), a fault on one rank (or
+on every rank: the Stop button), and the simulator's own last cell, which checks that the next
+collective works on every rank. Host layouts: every rank on one host (ranks see each other's board
+rows), every rank on its own host (cell ends and revocations travel as notes), or two hosts.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+from protocol_sim import Call, Compute, Die, Raise, Scenario
+
+BASE = [["a", "b"], ["c", "d"]]  # the collectives of each cell, the same on every rank
+
+
+def layouts(n: int) -> dict[str, list[str]]:
+    half = (n + 1) // 2
+    return {"one host": ["h0"] * n, "own hosts": [f"h{r}" for r in range(n)],
+            "two hosts": ["h0"] * half + ["h1"] * (n - half)}
+
+
+def _base(n: int) -> list[list[list]]:
+    return [[[Call(label) for label in cell] for _ in range(n)] for cell in BASE]
+
+
+def faults(n: int) -> list[tuple[str, object]]:
+    """(name, builder) pairs: ``builder(cells, rng)`` injects the fault into ``cells`` (a copy of the
+    base program) and returns extra scenario settings."""
+    last = n - 1
+
+    def skip(cells, rng):
+        cells[0][last].pop(0)  # the issue's case: every rank but one calls a, then every rank b
+        return {}
+
+    def skip_second(cells, rng):
+        cells[0][last].pop(1)
+        return {}
+
+    def extra(cells, rng):
+        cells[0][last].append(Call("b"))
+        return {}
+
+    def raise_before(cells, rng):
+        cells[0][last].insert(rng.randrange(3), Raise())
+        return {}
+
+    def raise_after(cells, rng):
+        cells[0][last].append(Raise())
+        return {}
+
+    def end_early(cells, rng):
+        del cells[0][last][rng.randrange(2):]
+        return {}
+
+    def late_past_deadline(cells, rng):
+        i = rng.randrange(2)
+        cells[0][last].insert(i, Compute(2.0))
+        cells[0][0][i] = Call(cells[0][0][i].label, timeout=0.5)
+        return {}
+
+    def late_within_deadline(cells, rng):
+        i = rng.randrange(2)
+        cells[0][last].insert(i, Compute(0.3))
+        for r in range(n):
+            cells[0][r][i + (r == last)] = Call(BASE[0][i], timeout=1.0)
+        return {}
+
+    def interrupt_one(cells, rng):
+        cells[0][last].insert(rng.randrange(3), Compute(0.5))
+        return {"interrupts": [(0, last)]}
+
+    def stop_button(cells, rng):
+        cells[0][last].insert(rng.randrange(3), Compute(0.5))
+        return {"interrupts": [(0, r) for r in range(n)]}
+
+    def stop_button_queued(cells, rng):
+        settings = stop_button(cells, rng)
+        return {**settings, "queued": True}
+
+    def raise_queued(cells, rng):
+        cells[0][last].insert(rng.randrange(3), Raise())
+        return {"queued": True}
+
+    def dies(cells, rng):
+        cells[0][last].insert(rng.randrange(3), Die())
+        return {"one host": True}
+
+    return [("skip", skip), ("skip the second", skip_second), ("extra", extra), ("raise before", raise_before),
+            ("raise after", raise_after), ("end early", end_early), ("late past a deadline", late_past_deadline),
+            ("late within a deadline", late_within_deadline), ("interrupt one", interrupt_one),
+            ("stop button", stop_button), ("stop button, next cell queued", stop_button_queued),
+            ("raise, next cell queued", raise_queued), ("dies", dies), ("no fault", lambda cells, rng: {})]
+
+
+def build(n: int, fault: str, layout: str, seed: int) -> Scenario | None:
+    """The scenario ``fault`` on ``layout`` (None where it does not apply: a death off one host, where
+    MPI's launcher ends the job)."""
+    rng = random.Random(seed)
+    builder = dict(faults(n))[fault]
+    cells = copy.deepcopy(_base(n))
+    settings = builder(cells, rng)
+    if settings.pop("one host", False) and layout != "one host":
+        return None
+    return Scenario(f"{fault}, {n} ranks, {layout}", n, layouts(n)[layout], cells, **settings)
+
+
+def all_scenarios(n: int, seeds: int = 1) -> list[Scenario]:
+    out = []
+    for fault, _ in faults(n):
+        for layout in layouts(n):
+            for seed in range(seeds):
+                scenario = build(n, fault, layout, seed)
+                if scenario is not None:
+                    out.append(scenario)
+    return out
