@@ -146,7 +146,6 @@ class Comm:
         inst = ctx.instances[i]
         req = Req(self.rank, inst)
         inst.posts[self.rank] = (kind, args, req)
-        sim.touch()
         if len(inst.posts) == sim.n:
             sim.match(ctx, i, inst)
         return req
@@ -188,7 +187,6 @@ class Comm:
             return None
         msg_tag, data = box.popleft()
         status.tag = msg_tag
-        self.ctx.sim.touch()
         return _Message(data)
 
 
@@ -244,30 +242,23 @@ class SimBoard(_board.Board):
     def ask_where(self, ranks: list[int], timeout: float = 1.0) -> dict[int, str]:
         return {r: self.sim.ranks[r].where for r in ranks if self.sim.ranks[r].alive}
 
-    # Every write is news for the ranks that read this row.
-    def enter(self, *args: Any) -> None:
-        super().enter(*args)
-        self.sim.touch()
-
+    # The writes another rank's wait can turn on wake the ranks of this host (the others only
+    # describe where a rank is, read when a wait ends).
     def leave(self, outcome: int) -> None:
         super().leave(outcome)
-        self.sim.touch()
-
-    def phase(self, phase: int) -> None:
-        super().phase(phase)
-        self.sim.touch()
+        self.sim.wake_host(self.rank)
 
     def cell_begin(self, cell: int) -> None:
         super().cell_begin(cell)
-        self.sim.touch()
+        self.sim.wake_host(self.rank)
 
     def cell_end(self, *args: Any) -> None:
         super().cell_end(*args)
-        self.sim.touch()
+        self.sim.wake_host(self.rank)
 
     def mark_revoked(self, gen: int) -> None:
         super().mark_revoked(gen)
-        self.sim.touch()
+        self.sim.wake_host(self.rank)
 
 
 # -- virtual time ----------------------------------------------------------------------------------
@@ -357,7 +348,7 @@ class Rank:
         self.sim, self.r = sim, r
         self.state = RUNNABLE
         self.wake_at = 0.0
-        self.seen = -1
+        self.dirty = False  # something it may be waiting for happened since it last looked
         self.alive = True
         self.cell = _cells._NONE
         self.plans = _PLANS.setdefault(r, {})  # a rank's fused plans, kept from run to run as in a process
@@ -390,7 +381,6 @@ class Sim:
     def __init__(self, scenario: Scenario, chooser: Any) -> None:
         self.sc, self.n, self.chooser = scenario, scenario.n, chooser
         self.now = 0.0
-        self.epoch = 0
         self.ranks = [Rank(self, r) for r in range(self.n)]
         self.flight: dict[tuple[int, int], deque] = {}  # (src, dst) -> messages in order
         self.contexts: list[Context] = []
@@ -405,10 +395,17 @@ class Sim:
         self.stopping = False
         self.protocol_errors: list[str] = []
         self.log: list[str] | None = None
+        self.moving_abandoned: set[str] = set()
 
     # MPI
-    def touch(self) -> None:
-        self.epoch += 1
+    def wake(self, r: int) -> None:
+        self.ranks[r].dirty = True
+
+    def wake_host(self, r: int) -> None:
+        host = self.sc.hosts[r]
+        for q, h in enumerate(self.sc.hosts):
+            if h == host and q != r:
+                self.ranks[q].dirty = True
 
     def match(self, ctx: Context, i: int, inst: Instance) -> None:
         kinds = {kind for kind, _, _ in inst.posts.values()}
@@ -451,12 +448,11 @@ class Sim:
 
     def send(self, ctx: Context, src: int, dst: int, tag: int, data: bytes) -> None:
         self.flight.setdefault((src, dst), deque()).append((ctx, tag, data))
-        self.touch()
 
     # the ranks' side
     def pause(self, seconds: float) -> None:
         rank = self.current
-        rank.state, rank.wake_at, rank.seen = WAITING, self.now + seconds, self.epoch
+        rank.state, rank.wake_at, rank.dirty = WAITING, self.now + seconds, False
         self._switch_out(rank)
         if rank.interrupt:
             rank.interrupt = False
@@ -483,17 +479,16 @@ class Sim:
     # scheduling
     def enabled(self) -> list[tuple]:
         out: list[tuple] = []
+        now = self.now
         for rank in self.ranks:
-            if not rank.alive or rank.state == FINISHED:
+            state = rank.state
+            if state == FINISHED or not rank.alive:
                 continue
-            if rank.state == RUNNABLE or (rank.state == WAITING and (self.epoch > rank.seen or self.now >= rank.wake_at)):
+            if (state == RUNNABLE or (state == WAITING and (rank.dirty or now >= rank.wake_at))
+                    or (state != WAITING and now >= rank.wake_at)
+                    or (state == IDLE and self._cell_available(rank))):
                 out.append(("run", rank.r))
-            elif rank.state in (COMPUTING, IDLE) and self.now >= rank.wake_at:
-                out.append(("run", rank.r))
-            elif rank.state == IDLE and self._cell_available(rank):
-                out.append(("run", rank.r))
-            cell = rank.cell.id if rank.state in (WAITING, COMPUTING) else 0
-            if cell and (cell, rank.r) in self.interrupts_left:
+            if self.interrupts_left and state in (WAITING, COMPUTING) and (rank.cell.id, rank.r) in self.interrupts_left:
                 out.append(("interrupt", rank.r))
         for name, i, r, req in self.ready_reqs:
             if self.ranks[r].alive:
@@ -529,13 +524,13 @@ class Sim:
             if req.apply is not None:
                 req.apply()
             req.done = True
-            self.touch()
+            self.ranks[req.rank].dirty = True
         else:
             _, src, dst = choice
             ctx, tag, data = self.flight[src, dst].popleft()
             if self.ranks[dst].alive:
                 ctx.inbox[dst].append((tag, data))
-            self.touch()
+                self.ranks[dst].dirty = True
 
     def _run(self, rank: Rank) -> None:
         self.current = rank
@@ -668,7 +663,8 @@ class Sim:
         rank.alive = False
         rank.where = "dead"
         self.rec.first_trouble.setdefault(rank.cell.id, self.now)
-        self.touch()
+        for other in self.ranks:
+            other.dirty = True
 
     def _call(self, rank: Rank, cell: int, step: Call) -> None:
         value = np.full(2, value_of(step.label, rank.r))
@@ -691,6 +687,10 @@ class Sim:
 
     def observe(self, op: Any, rule: _p.Rule) -> None:
         self.rec.rules.add((rule.phase, rule.event))
+        if rule.phase == _p.MOVING and rule.event not in ("finish", "fail") and op is not None and op.comm is not None:
+            # MPI cannot cancel a collective: the messages of an operation given up while its data
+            # moved stay posted, and so may the arrival of the next one on ranks that got past it.
+            self.moving_abandoned.add(op.comm.ctx.name)
         if self.log is not None and op is not None:
             gen = getattr(op.gen, "number", None)
             self.note(f"{op.name} gen {gen} #{op.index} cell {op.cell}: {_p.PHASES[rule.phase]} --{rule.event}--> "
@@ -732,7 +732,8 @@ class Sim:
             for ctx in self.contexts + [d for c in self.contexts for d in _all_dups(c)]:
                 for i, inst in enumerate(ctx.instances):
                     if len(inst.posts) != self.n:
-                        if any(_is_arrival(args) for _, args, _ in inst.posts.values()):
+                        if ctx.name not in self.moving_abandoned and any(
+                                _is_arrival(args) for _, args, _ in inst.posts.values()):
                             problems.append(f"an arrival left pending on {ctx.name} #{i}: posted by ranks "
                                             f"{sorted(inst.posts)} only")
                         else:

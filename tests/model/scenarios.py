@@ -1,9 +1,9 @@
 """The programs the protocol model runs: every rank's cells, with one fault injected.
 
-Each scenario is a notebook session on ``n`` engines: two cells of two collectives each (labels say
-which call is which, so a value paired with another call is seen as wrong), a fault on one rank (or
-on every rank: the Stop button), and the simulator's own last cell, which checks that the next
-collective works on every rank. Host layouts: every rank on one host (ranks see each other's board
+Each scenario is a notebook session on ``n`` engines: a cell of two collectives (labels say which
+call is which, so a value paired with another call is seen as wrong), a fault on one rank (or on
+every rank: the Stop button), and the simulator's own last cell, which checks that the next
+collective works on every rank (sent before the first ends, in the ``queued`` scenarios). Host layouts: every rank on one host (ranks see each other's board
 rows), every rank on its own host (cell ends and revocations travel as notes), or two hosts.
 """
 
@@ -14,7 +14,7 @@ import random
 
 from protocol_sim import Call, Compute, Die, Raise, Scenario
 
-BASE = [["a", "b"], ["c", "d"]]  # the collectives of each cell, the same on every rank
+BASE = [["a", "b"]]  # the collectives of the cell, the same on every rank; the check cell comes next
 
 
 def layouts(n: int) -> dict[str, list[str]]:
