@@ -76,7 +76,6 @@ _ORIGINAL: dict[str, Callable[..., Any]] = {
 
 #: name -> a function returning the context manager that seeds the bug.
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
-    "the arrival without its sequence number": lambda: _patched(_p, "arrival_header", _no_sequence),
     "the arrival without its cell": lambda: _patched(_p, "arrival_header", _no_cell),
     "the abandoned arrival without its abandoned vote": lambda: _patched(_p, "abandoned_header", _no_abandoned_vote),
     "a revocation not passed on down the tree": lambda: _patched(_notices, "forward", _forward_nothing),

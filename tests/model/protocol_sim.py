@@ -146,6 +146,8 @@ class Comm:
         inst = ctx.instances[i]
         req = Req(self.rank, inst)
         inst.posts[self.rank] = (kind, args, req)
+        if kind == "allreduce" and _is_arrival(args):
+            sim.arrivals[self.rank] = inst
         if len(inst.posts) == sim.n:
             sim.match(ctx, i, inst)
         return req
@@ -330,6 +332,7 @@ class Scenario:
     cells: list[list[list[Any]]]
     queued: bool = False
     interrupts: list[tuple[int, int]] = field(default_factory=list)
+    script: bool = False  # a batch script: no cells (cell 0), and it catches each collective's error
 
 
 def value_of(label: str, rank: int) -> float:
@@ -396,6 +399,9 @@ class Sim:
         self.protocol_errors: list[str] = []
         self.log: list[str] | None = None
         self.moving_abandoned: set[str] = set()
+        self.lagging = -1
+        self.arrivals: dict[int, Instance] = {}  # each rank's latest arrival
+        self.completed_by_abandoner: set[int] = set()  # arrivals some rank completed for an abandoned operation
 
     # MPI
     def wake(self, r: int) -> None:
@@ -442,6 +448,10 @@ class Sim:
                 if spec is not None and (root is None or root == r):
                     buf = spec[0]
                     req.apply = (lambda buf=buf: buf.__setitem__(slice(0, joined.size), joined))
+        if kind == "allreduce" and _is_arrival(posts[0][1]):
+            neutral = [r for r, (_, a, _) in enumerate(posts) if a[0][0] == np.iinfo(np.int64).max]
+            if neutral and len(neutral) < self.n:
+                self.completed_by_abandoner.add(id(inst))
         inst.ready = True
         for r, (_, _, req) in sorted(inst.posts.items()):
             self.ready_reqs.append((ctx.name, i, r, req))
@@ -490,13 +500,18 @@ class Sim:
                 out.append(("run", rank.r))
             if self.interrupts_left and state in (WAITING, COMPUTING) and (rank.cell.id, rank.r) in self.interrupts_left:
                 out.append(("interrupt", rank.r))
+        late: list[tuple] = []
         for name, i, r, req in self.ready_reqs:
             if self.ranks[r].alive:
-                out.append(("complete", name, i, r, req))
+                (late if r == self.lagging else out).append(("complete", name, i, r, req))
         for (src, dst), queue in self.flight.items():  # in order of first use: deterministic
-            if queue:
-                out.append(("deliver", src, dst))
-        return out
+            # A rank computing outside mpinb makes no MPI progress: what is sent to it may arrive
+            # only once it calls mpinb again (and then before or after its first look).
+            if queue and self.ranks[dst].state != COMPUTING:
+                (late if dst == self.lagging else out).append(("deliver", src, dst))
+        # The lagging rank's messages and completions come only when nothing else can happen: the
+        # orderings a uniform choice almost never makes (a notice that reaches one rank last).
+        return out or late
 
     def _cell_available(self, rank: Rank) -> bool:
         c = rank.cell_index
@@ -524,13 +539,22 @@ class Sim:
             if req.apply is not None:
                 req.apply()
             req.done = True
-            self.ranks[req.rank].dirty = True
+            self._observe_now(self.ranks[req.rank])
         else:
             _, src, dst = choice
             ctx, tag, data = self.flight[src, dst].popleft()
             if self.ranks[dst].alive:
                 ctx.inbox[dst].append((tag, data))
-                self.ranks[dst].dirty = True
+                self._observe_now(self.ranks[dst])
+
+    def _observe_now(self, rank: Rank) -> None:
+        """A completion or a message only its own rank can see: a waiting rank looks at once. Sound:
+        until it looks, no other rank can tell whether the event has happened, so the orderings
+        where it looks later are those where the event comes later."""
+        if rank.state == WAITING:
+            self._run(rank)
+        else:
+            rank.dirty = True
 
     def _run(self, rank: Rank) -> None:
         self.current = rank
@@ -543,6 +567,7 @@ class Sim:
         self.current = None
 
     def run(self) -> Record:
+        self.lagging = self.chooser.choose(self.n + 1)  # a rank whose news always comes last, or none
         for rank in self.ranks:
             rank.glet = greenlet.greenlet(lambda rank=rank: self._rank_main(rank), parent=self.main)
         self._build_channels()
@@ -611,9 +636,10 @@ class Sim:
                     self._idle(rank)
                 c = rank.cell_index
                 rank.cell_index += 1
-                cell = _cells.Cell(c + 1)
+                cell = _cells.Cell(0 if self.sc.script else c + 1)
                 _cells._current = cell
-                chan.on_cell("begin", cell, None)
+                if not self.sc.script:
+                    chan.on_cell("begin", cell, None)
                 self.note(f"cell {c + 1} begins")
                 error: BaseException | None = None
                 begun = 0
@@ -623,7 +649,11 @@ class Sim:
                             begun += 1
                             self.rec.ops_begun[r, c + 1] = begun
                             rank.where = f"allreduce {step.label} in cell {c + 1}"
-                            self._call(rank, c + 1, step)
+                            try:
+                                self._call(rank, c + 1, step)
+                            except Exception:  # noqa: BLE001 - a script that goes on after an error
+                                if not self.sc.script:
+                                    raise
                         elif isinstance(step, Compute):
                             self.compute(step.seconds)
                         elif isinstance(step, Raise):
@@ -632,7 +662,8 @@ class Sim:
                             self._die(rank)
                             return
                     rank.where = f"the end of cell {c + 1}"
-                    _collective.cell_end_check()  # the cell's last statement on an engine (cells.EndCheck)
+                    if not self.sc.script:
+                        _collective.cell_end_check()  # the cell's last statement on an engine (cells.EndCheck)
                 except (KeyboardInterrupt, Exception) as err:  # the cell's error, as the engine records it
                     error = err
                 rank.where = f"idle after cell {c + 1}"
@@ -642,7 +673,8 @@ class Sim:
                     self.rec.errors[r, c + 1] = f"{type(error).__name__}: {error}"
                     self.rec.first_trouble.setdefault(c + 1, self.now)
                 self.rec.cell_ended[r, c + 1] = self.now
-                chan.on_cell("end", cell, error)
+                if not self.sc.script:
+                    chan.on_cell("end", cell, error)
                 _cells._current = _cells._NONE
                 if c < len(self.cells_ended):
                     self.cells_ended[c].add(r)
@@ -698,6 +730,9 @@ class Sim:
         if op is None or self.current is None:
             return
         rank = self.current
+        if rule.event == "arrived" and id(self.arrivals.get(rank.r)) in self.completed_by_abandoner:
+            self.protocol_errors.append(f"rank {rank.r} moved data in {op.name} #{op.index} on an arrival that "
+                                        "another rank completed for an abandoned operation")
         if rule.outcome is not None and rule.outcome != _p.DONE and rule.event != "fail":
             cell, label, entered = self.ops_in.get(rank.r, (op.cell, op.name, op.began))
             self.rec.abnormal.append((rank.r, cell, label, entered, self.now))

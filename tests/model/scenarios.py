@@ -62,6 +62,12 @@ def faults(n: int) -> list[tuple[str, object]]:
         cells[0][0][i] = Call(cells[0][0][i].label, timeout=0.5)
         return {}
 
+    def many_late_past_deadline(cells, rng):
+        for r in range(1, n):
+            cells[0][r].insert(0, Compute(2.0 + 0.1 * r))
+        cells[0][0][0] = Call("a", timeout=0.5)
+        return {}
+
     def late_within_deadline(cells, rng):
         i = rng.randrange(2)
         cells[0][last].insert(i, Compute(0.3))
@@ -85,15 +91,23 @@ def faults(n: int) -> list[tuple[str, object]]:
         cells[0][last].insert(rng.randrange(3), Raise())
         return {"queued": True}
 
+    def script_late_past_deadline(cells, rng):
+        settings = late_past_deadline(cells, rng)
+        return {**settings, "script": True, "queued": True}
+
     def dies(cells, rng):
         cells[0][last].insert(rng.randrange(3), Die())
         return {"one host": True}
 
     return [("skip", skip), ("skip the second", skip_second), ("extra", extra), ("raise before", raise_before),
             ("raise after", raise_after), ("end early", end_early), ("late past a deadline", late_past_deadline),
+            ("many late past a deadline", many_late_past_deadline),
             ("late within a deadline", late_within_deadline), ("interrupt one", interrupt_one),
             ("stop button", stop_button), ("stop button, next cell queued", stop_button_queued),
-            ("raise, next cell queued", raise_queued), ("dies", dies), ("no fault", lambda cells, rng: {})]
+            ("raise, next cell queued", raise_queued), ("dies", dies),
+            ("no fault, next cell queued", lambda cells, rng: {"queued": True}),
+            ("script: late past a deadline", script_late_past_deadline),
+            ("script: no fault", lambda cells, rng: {"script": True, "queued": True}), ("no fault", lambda cells, rng: {})]
 
 
 def build(n: int, fault: str, layout: str, seed: int) -> Scenario | None:
