@@ -6,6 +6,10 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
 
 - ``unit``       one process, ``pytest tests/unit``, beside the 1-rank MPI tier when both run (each
                  keeps about one core busy);
+- ``model``      the collective protocol's model: the real layer over simulated ranks, MPI and clock,
+                 driven through every ordering (exhaustive at 2-3 ranks, seeded walks at 4-16) with
+                 faults injected, and seeded protocol bugs it must catch; ends with one line
+                 ``model: N schedules, 0 violations, M of M mutants caught``;
 - ``mpi``        ``mpiexec -n N python -m mpi4py -m pytest tests/mpi`` for N in 1, 2, 3, 4, each under a
                  hard timeout (an exception on one rank aborts the job instead of hanging it);
 - ``cluster``    real ipyparallel clusters of MPI engines: start, connect, restart, interrupts,
@@ -45,12 +49,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
-TIERS = ("unit", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser")
+TIERS = ("unit", "model", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser")
 MPI_SIZES = (1, 2, 3, 4)
 # Hard limits: a hung collective ends the run instead of eating CI's budget (each test also has its
 # own PER_TEST_TIMEOUT). The 4-rank MPI tier takes about 470 s on an idle 2-core machine and the
 # cluster tier about 470 s, so 600 s left no room for a slower CI host: they get 900 s.
-TIER_TIMEOUT = {"unit": 600, "mpi": 900, "cluster": 900, "multihost": 300, "slurm": 300, "notebooks": 900,
+TIER_TIMEOUT = {"unit": 600, "model": 600, "mpi": 900, "cluster": 900, "multihost": 300, "slurm": 300, "notebooks": 900,
                 "browser": 300}
 PER_TEST_TIMEOUT = 180
 

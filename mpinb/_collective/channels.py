@@ -395,7 +395,7 @@ class Channel:
         :class:`~mpinb.CollectiveMismatchError` naming what each made. A rank whose cell ended with an
         error after the same number of collectives does not take part: the others return."""
         ledger = self.ledger
-        if self.size == 1 or not self.ready or self.closed or not cell.id or ledger.cell != cell.id:
+        if self.size == 1 or not self.ready or self.closed or not cell.id or not ledger.needs_check(cell.id):
             return
         layout = _CellRecord(ledger.layout(), ledger.describe())
         try:
@@ -423,7 +423,10 @@ class Channel:
         cell = op.cell
         if not cell:
             return None
-        here = (op.gen.number, op.index)
+        # While it moves to a fresh generation an operation has no place yet: it will take the next
+        # one, and a rank that ended its cell at the generation's current place never entered it
+        # (it gave up while moving too: found by the protocol model).
+        here = (op.gen.number, op.index or op.gen.index + 1)
         waited = time.monotonic() - op.began
         now_ns = time.time_ns()
         for r in range(self.size):

@@ -80,6 +80,8 @@ class Op:
         return self
 
     def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
+        if kind is not None:
+            self.raised()
         if self.gen is None or self.outcome:
             return  # one rank, or the operation already left through a step of the table
         if kind is None:
@@ -89,6 +91,13 @@ class Op:
         # others would wait for the next message, so give the operation up for everyone.
         self.give_up("interrupt" if issubclass(kind, KeyboardInterrupt) else "raise", [], None,
                      f"raised {kind.__name__} between its messages")
+
+    def raised(self) -> None:
+        """This operation raises to its caller: the rank has been told that the cell went wrong, so
+        its cell's ledger skips the cell-end comparison (:meth:`CellLedger.needs_check`)."""
+        ledger = self.chan.ledger
+        if ledger.cell == self.cell:
+            ledger.raised = True
 
     def step(self, event: str) -> _p.Rule:
         """Take ``event``'s transition of the protocol table, and show it on the status board."""

@@ -79,7 +79,6 @@ RULES: tuple[Rule, ...] = (
     Rule(SWITCHING, "raise", None, FAILED, False, "an exception while moving"),
     Rule(ARRIVING, "arrived", MOVING, None, False, "every rank arrived with the same call"),
     Rule(ARRIVING, "retire", None, ABANDONED, False, "ranks of two cells met, or an abandoned arrival"),
-    Rule(ARRIVING, "fail", None, FAILED, False, "the ranks called different collectives"),
     Rule(ARRIVING, "revoked", None, ABANDONED, False, "another rank gave up on this generation"),
     Rule(ARRIVING, "left", None, ABANDONED, True, "a rank waited for left the cell"),
     Rule(ARRIVING, "deadline", None, TIMED_OUT, True, "the deadline passed while ranks arrived"),
@@ -233,19 +232,26 @@ class CellLedger:
     (``bcast`` from one line on root and another elsewhere) is legal.
     """
 
-    __slots__ = ("cell", "count", "digest", "shown")
+    __slots__ = ("cell", "count", "digest", "shown", "raised")
 
     def __init__(self) -> None:
         self.cell, self.count, self.digest = 0, 0, 0
         self.shown: list[tuple[str, str]] = []
+        self.raised = False  # a collective of this cell raised here: the divergence was already told
 
     def record(self, cell: int, name: str, site: Callable[[], str]) -> None:
         if cell != self.cell:
-            self.cell, self.count, self.digest, self.shown = cell, 0, 0, []
+            self.cell, self.count, self.digest, self.shown, self.raised = cell, 0, 0, [], False
         self.count += 1
         self.digest = zlib.crc32(name.encode(), self.digest)  # the same in every process, unlike hash()
         if len(self.shown) < _SHOWN:
             self.shown.append((name, site()))
+
+    def needs_check(self, cell: int) -> bool:
+        """Whether this rank compares its collectives at the end of ``cell``: it made some, and none
+        raised (a rank that caught a collective's error has been told; one that made none holds no
+        value from one, and the others learn that it left when its cell ends)."""
+        return cell == self.cell and self.count > 0 and not self.raised
 
     def layout(self) -> str:
         """What the cell-end operation's arrival compares: the count and the names' digest."""

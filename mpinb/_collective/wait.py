@@ -53,8 +53,8 @@ class PeerLeft(Exception):
 def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: float | None = None,
          op: Op | None = None) -> None:
     """Return once every request completed. Raises DeadlinePassed, PeerGaveUp (``op``'s generation
-    revoked by another rank at or before ``op``), PeerLeft (while ranks arrive: one of them ended
-    the cell ``op`` belongs to), or KeyboardInterrupt.
+    revoked by another rank at or before ``op``), PeerLeft (a rank it waits for ended the cell ``op``
+    belongs to before entering it, or died), or KeyboardInterrupt.
 
     MPI progresses a non-blocking collective only while it is tested, so the data phase
     (``spin=None``: every rank is there) keeps testing, and yields the core only after
@@ -106,7 +106,10 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
                 raise DeadlinePassed
             if now >= watch_at:
                 watch_at = now + _WATCH
-                if spin is not None and op is not None:
+                # In the data phase too: a rank that dies (or is stopped) after it arrived leaves
+                # the others waiting for its data (a hang the protocol model found), and a wait that
+                # runs long says so in every phase.
+                if op is not None:
                     left = chan.departed(op)
                     if left is not None:
                         if done():

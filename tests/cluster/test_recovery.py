@@ -2,8 +2,9 @@
 
 A rank that abandons an mpinb collective -- its deadline passed, or Ctrl-C -- raises; the other ranks
 learn of it, and within two cells collectives work again on the same engines, their variables
-intact. Four scenarios, 10 trials each (``MPINB_RECOVERY_TRIALS``; 20 when a change touches the
-collective layer), at 2 and at 4 ranks, one cluster per size.
+intact. Four scenarios, one trial each (``MPINB_RECOVERY_TRIALS`` for more), at 2 and at 4 ranks,
+one cluster per size: these runs prove the engines, launchers and MPI adapter; the orderings of the
+protocol are explored by the model tier (``tests/model``).
 
 Each cell runs its code through ``attempt`` on the engines, which records what was raised and when
 (``time.time()``: one clock for the client and every engine on this host), so the assertions see
@@ -26,7 +27,7 @@ from ipyparallel.error import TimeoutError as CellTimeout
 
 import mpinb
 
-TRIALS = int(os.environ.get("MPINB_RECOVERY_TRIALS", "10"))  # 10 keep the suite in its time budget
+TRIALS = int(os.environ.get("MPINB_RECOVERY_TRIALS", "1"))  # orderings are the model tier's (tests/model)
 DEADLINE = 0.5  # seconds, the collective deadline of the scenarios that set one
 MARGIN = 3.0  # a rank must raise within DEADLINE + MARGIN of the moment it should
 STALL = 0.9  # rank 1's sleep inside KMeans.fit: the others time out after DEADLINE, 0.4 s before it ends

@@ -297,10 +297,12 @@ class FakeOS:
 @dataclass
 class Call:
     """One ``mpinb.allreduce`` of a rank: ``label`` names the call in the program (the same label on
-    every rank is the same call), ``timeout`` its deadline (``None``: none)."""
+    every rank is the same call), ``timeout`` its deadline (``None``: none), ``size`` its array's
+    length (a rank passing another length makes every rank raise ``CollectiveMismatchError``)."""
 
     label: str
     timeout: float | None = None
+    size: int = 2
 
 
 @dataclass
@@ -332,6 +334,13 @@ class Scenario:
     cells: list[list[list[Any]]]
     queued: bool = False
     interrupts: list[tuple[int, int]] = field(default_factory=list)
+    # Faults that strike inside a collective, at a moment the scheduler chooses while the rank waits
+    # in one during that cell: an exception from the wait (MemoryError, a bug), the process dying
+    # (one host only: across hosts MPI's launcher ends the job), the process stopped (SIGSTOP) for
+    # that many seconds, its MPI progress with it.
+    raises: list[tuple[int, int]] = field(default_factory=list)
+    deaths: list[tuple[int, int]] = field(default_factory=list)
+    freezes: dict[tuple[int, int], float] = field(default_factory=dict)
     script: bool = False  # a batch script: no cells (cell 0), and it catches each collective's error
 
 
@@ -357,6 +366,8 @@ class Rank:
         self.plans = _PLANS.setdefault(r, {})  # a rank's fused plans, kept from run to run as in a process
         self.pending_at: float | None = None
         self.interrupt = False
+        self.raise_inside = False
+        self.frozen_until = 0.0
         self.where = "starting"
         self.cell_index = 0  # the next cell to run
         self.glet: greenlet.greenlet | None = None
@@ -393,6 +404,9 @@ class Sim:
         self.main = greenlet.getcurrent()
         self.cells_ended: list[set[int]] = [set() for _ in scenario.cells]
         self.interrupts_left = {(c + 1, r) for c, r in scenario.interrupts}
+        self.raises_left = {(c + 1, r) for c, r in scenario.raises}
+        self.deaths_left = {(c + 1, r) for c, r in scenario.deaths}
+        self.freezes_left = {(c + 1, r): t for (c, r), t in scenario.freezes.items()}
         self.ops_in: dict[int, tuple[int, str, float]] = {}  # rank -> (cell, label, entered) of its call
         self.ready_reqs: list[tuple[str, int, int, Req]] = []  # matched, not yet complete for that rank
         self.stopping = False
@@ -467,6 +481,9 @@ class Sim:
         if rank.interrupt:
             rank.interrupt = False
             raise KeyboardInterrupt()
+        if rank.raise_inside:
+            rank.raise_inside = False
+            raise MemoryError(f"simulated: rank {rank.r} ran out of memory inside a collective")
 
     def compute(self, seconds: float) -> None:
         rank = self.current
@@ -490,9 +507,10 @@ class Sim:
     def enabled(self) -> list[tuple]:
         out: list[tuple] = []
         now = self.now
+        frozen = {rank.r for rank in self.ranks if now < rank.frozen_until}
         for rank in self.ranks:
             state = rank.state
-            if state == FINISHED or not rank.alive:
+            if state == FINISHED or not rank.alive or rank.r in frozen:
                 continue
             if (state == RUNNABLE or (state == WAITING and (rank.dirty or now >= rank.wake_at))
                     or (state != WAITING and now >= rank.wake_at)
@@ -500,14 +518,24 @@ class Sim:
                 out.append(("run", rank.r))
             if self.interrupts_left and state in (WAITING, COMPUTING) and (rank.cell.id, rank.r) in self.interrupts_left:
                 out.append(("interrupt", rank.r))
+            if state == WAITING and rank.r in self.ops_in:
+                place = (rank.cell.id, rank.r)
+                for kind, left in (("raise", self.raises_left), ("kill", self.deaths_left),
+                                   ("freeze", self.freezes_left)):
+                    if place in left:
+                        out.append((kind, rank.r))
         late: list[tuple] = []
         for name, i, r, req in self.ready_reqs:
+            # A stopped process makes no MPI progress: neither its own requests nor, until its
+            # part has moved, those of the others in the same collective complete.
+            if frozen and (r in frozen or any(q in frozen and not p[2].done for q, p in req.inst.posts.items())):
+                continue
             if self.ranks[r].alive:
                 (late if r == self.lagging else out).append(("complete", name, i, r, req))
         for (src, dst), queue in self.flight.items():  # in order of first use: deterministic
             # A rank computing outside mpinb makes no MPI progress: what is sent to it may arrive
             # only once it calls mpinb again (and then before or after its first look).
-            if queue and self.ranks[dst].state != COMPUTING:
+            if queue and self.ranks[dst].state != COMPUTING and dst not in frozen and src not in frozen:
                 (late if dst == self.lagging else out).append(("deliver", src, dst))
         # The lagging rank's messages and completions come only when nothing else can happen: the
         # orderings a uniform choice almost never makes (a notice that reaches one rank last).
@@ -533,6 +561,24 @@ class Sim:
             rank.interrupt = True
             self.rec.first_trouble.setdefault(rank.cell.id, self.now)
             self._run(rank)
+        elif kind == "raise":
+            rank = self.ranks[choice[1]]
+            self.note(f"an exception is raised inside rank {rank.r}'s wait")
+            self.raises_left.discard((rank.cell.id, rank.r))
+            rank.raise_inside = True
+            self.rec.first_trouble.setdefault(rank.cell.id, self.now)
+            self._run(rank)
+        elif kind == "kill":
+            rank = self.ranks[choice[1]]
+            self.note(f"rank {rank.r}'s process dies inside a collective")
+            self.deaths_left.discard((rank.cell.id, rank.r))
+            self._die(rank)
+        elif kind == "freeze":
+            rank = self.ranks[choice[1]]
+            seconds = self.freezes_left.pop((rank.cell.id, rank.r))
+            self.note(f"rank {rank.r} is stopped for {seconds:g} s inside a collective")
+            rank.frozen_until = self.now + seconds
+            rank.wake_at = max(rank.wake_at, rank.frozen_until)
         elif kind == "complete":
             req = choice[4]
             self.ready_reqs.remove((choice[1], choice[2], choice[3], req))
@@ -577,6 +623,7 @@ class Sim:
             choices = self.enabled()
             if not choices:
                 wakes = [r.wake_at for r in self.ranks if r.alive and r.state in (WAITING, COMPUTING, IDLE)]
+                wakes += [r.frozen_until for r in self.ranks if r.alive and r.frozen_until > self.now]
                 if not wakes:
                     raise Violation("deadlock: no rank can run and nothing is in flight")
                 self.now = max(self.now, min(wakes))
@@ -699,7 +746,7 @@ class Sim:
             other.dirty = True
 
     def _call(self, rank: Rank, cell: int, step: Call) -> None:
-        value = np.full(2, value_of(step.label, rank.r))
+        value = np.full(step.size, value_of(step.label, rank.r))
         self.ops_in[rank.r] = (cell, step.label, self.now)
         try:
             result = mpinb.allreduce([value], comm=rank.chan.parent, timeout=step.timeout)[0]
@@ -753,8 +800,10 @@ class Sim:
             early = [rec.cell_ended[r, c] for r in range(self.n) if begun[r] < most and (r, c) in rec.cell_ended]
             trouble = min([t for t in (rec.first_trouble.get(c),) if t is not None] + early, default=None)
             for r, cell, label, entered, left in rec.abnormal:
-                if cell == c and trouble is not None and left - max(entered, trouble) > BOUND + 1e-9:
-                    problems.append(f"rank {r} waited in {label} (cell {c}) {left - max(entered, trouble):.2f} s "
+                # A stopped process waits for nothing: its bound runs from when it resumed.
+                start = max(entered, trouble or 0.0, self.ranks[r].frozen_until)
+                if cell == c and trouble is not None and left - start > BOUND + 1e-9:
+                    problems.append(f"rank {r} waited in {label} (cell {c}) {left - start:.2f} s "
                                     f"after the first trouble in its cell (bound {BOUND:g} s)")
         if not dead:
             last = len(self.sc.cells) + 1
@@ -768,7 +817,7 @@ class Sim:
                 for i, inst in enumerate(ctx.instances):
                     if len(inst.posts) != self.n:
                         if ctx.name not in self.moving_abandoned and any(
-                                _is_arrival(args) for _, args, _ in inst.posts.values()):
+                                kind == "allreduce" and _is_arrival(args) for kind, args, _ in inst.posts.values()):
                             problems.append(f"an arrival left pending on {ctx.name} #{i}: posted by ranks "
                                             f"{sorted(inst.posts)} only")
                         else:

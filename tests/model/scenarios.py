@@ -95,6 +95,46 @@ def faults(n: int) -> list[tuple[str, object]]:
         settings = late_past_deadline(cells, rng)
         return {**settings, "script": True, "queued": True}
 
+    def different_shapes(cells, rng):
+        i = rng.randrange(2)
+        cells[0][last][i] = Call(BASE[0][i], size=3)
+        return {}
+
+    def raise_inside(cells, rng):
+        return {"raises": [(0, rng.randrange(n))]}
+
+    def dies_inside(cells, rng):
+        return {"deaths": [(0, last)], "one host": True}
+
+    def frozen_inside(cells, rng):
+        # SIGSTOP inside a collective, the others under a deadline: it must name the frozen rank.
+        for r in range(n - 1):
+            cells[0][r] = [Call(label, timeout=0.5) for label in BASE[0]]
+        return {"freezes": {(0, last): 2.0}}
+
+    def frozen_inside_no_deadline(cells, rng):
+        return {"freezes": {(0, rng.randrange(n)): 2.0}}
+
+    def _after_a_failure(cells):
+        # Cell 1 fails (the last rank raises before a: the generation is revoked), and in cell 2
+        # rank 0 waits for the others to move to a fresh communicator while the last rank computes.
+        cells[0][last].insert(0, Raise())
+        cells.append([[Call("c", timeout=0.5)]] + [[Call("c")] for _ in range(n - 2)] + [[Compute(2.0), Call("c")]])
+
+    def late_after_a_failure(cells, rng):
+        _after_a_failure(cells)
+        return {}
+
+    def interrupted_after_a_failure(cells, rng):
+        _after_a_failure(cells)
+        cells[1][0] = [Call("c")]
+        return {"interrupts": [(1, 0)]}
+
+    def raise_inside_after_a_failure(cells, rng):
+        _after_a_failure(cells)
+        cells[1][0] = [Call("c")]
+        return {"raises": [(1, 0)]}
+
     def dies(cells, rng):
         cells[0][last].insert(rng.randrange(3), Die())
         return {"one host": True}
@@ -105,6 +145,12 @@ def faults(n: int) -> list[tuple[str, object]]:
             ("late within a deadline", late_within_deadline), ("interrupt one", interrupt_one),
             ("stop button", stop_button), ("stop button, next cell queued", stop_button_queued),
             ("raise, next cell queued", raise_queued), ("dies", dies),
+            ("different shapes", different_shapes), ("raise inside", raise_inside), ("dies inside", dies_inside),
+            ("frozen inside, others under a deadline", frozen_inside),
+            ("frozen inside, no deadline", frozen_inside_no_deadline),
+            ("late after a failure", late_after_a_failure),
+            ("interrupted after a failure", interrupted_after_a_failure),
+            ("raise inside after a failure", raise_inside_after_a_failure),
             ("no fault, next cell queued", lambda cells, rng: {"queued": True}),
             ("script: late past a deadline", script_late_past_deadline),
             ("script: no fault", lambda cells, rng: {"script": True, "queued": True}), ("no fault", lambda cells, rng: {})]
