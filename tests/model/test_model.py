@@ -140,3 +140,20 @@ def test_a_skipped_collective_fails_every_rank_of_its_cell() -> None:
 
 
 ABANDONED_RACE: list[int] = []  # the default schedule (found again by random walks and shortened)
+
+
+def test_a_rank_that_dies_while_data_move_is_named_to_the_others() -> None:
+    """Found by the model: rank 1 died after its arrival; rank 0, in the data phase, looked for no
+    departed rank there and waited forever. It now raises within the bound, naming the death."""
+    scenario = build(2, "dies inside", "one host", 0)
+    record, violation, _ = run_schedule(scenario, Chooser([]), [])
+    assert violation is None, violation
+    assert record.cell_errors[0, 1] and "died" in record.errors[0, 1], record.errors
+
+
+def test_a_rank_that_gave_up_while_moving_to_a_fresh_communicator_has_left() -> None:
+    """Found by the model: after a failed cell, rank 0 timed out in the next cell while waiting for
+    the others to move to a fresh communicator; rank 1, waiting for the same move, did not take it
+    for a rank that had left (its place had not grown) and waited for the late rank 2 instead."""
+    scenario = build(3, "late after a failure", "one host", 0)
+    assert replay(scenario, [0, 0, 0, 1]) is None
