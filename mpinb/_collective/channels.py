@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import warnings
 from typing import Any
@@ -78,6 +79,10 @@ class Channel:
         self._sends: list[Any] = []
         self._remote_cells: dict[int, _board.CellRecord] = {}  # ranks on other hosts, from their notices
         self.ledger = _p.CellLedger()  # this rank's collectives in the current cell
+        # The thread whose operation is in progress: MPI pairs a rank's calls by their order on the
+        # communicator, so a second thread's call would interleave with the first one's messages.
+        self._owner: int | None = None
+        self._owner_lock = threading.Lock()
 
     # -- what the rest of mpinb reads ---------------------------------------------------------
     @property
@@ -109,24 +114,43 @@ class Channel:
         self.collect()
         self._set_up(name, seconds, deadline)
         self._check_targets(name, cell)
+        self._claim(name)
         if cell.id and name != _p.CELL_END:
             self.ledger.record(cell.id, name, _user_site)
         digest = digest_of(name, layout)
-        while True:
-            self._expect_notices()
-            op = Op(self, None, name, digest, 0, cell.id, seconds, deadline, votes)
-            gen = self._current(op)
-            gen.index += 1
-            op.gen, op.comm, op.index = gen, gen.comm, gen.index
-            op.step("enter")
-            try:
-                op.arrive(layout, what)
-            except Retry:
-                continue  # on the next generation, with the ranks of this cell
-            except BaseException as err:
+        op = None
+        try:
+            while True:
+                self._expect_notices()
+                op = Op(self, None, name, digest, 0, cell.id, seconds, deadline, votes)
+                gen = self._current(op)
+                gen.index += 1
+                op.gen, op.comm, op.index = gen, gen.comm, gen.index
+                op.step("enter")
+                try:
+                    op.arrive(layout, what)
+                except Retry:
+                    continue  # on the next generation, with the ranks of this cell
+                return op  # released by the operation's __exit__
+        except BaseException as err:
+            if op is not None:
                 op.__exit__(type(err), err, None)
-                raise
-            return op
+            self.release()
+            raise
+
+    def _claim(self, name: str) -> None:
+        """Make the calling thread the one whose operation is in progress, or raise at once: two
+        threads of one rank in collectives of one communicator would pair wrongly or hang."""
+        me = threading.get_ident()
+        with self._owner_lock:
+            owner = self._owner
+            if owner is not None and owner != me and any(t.ident == owner for t in threading.enumerate()):
+                raise RuntimeError(texts.second_thread_error(name, self.rank, owner))
+            self._owner = me
+
+    def release(self) -> None:
+        """The operation in progress has ended (its ``__exit__``)."""
+        self._owner = None
 
     def _check_targets(self, name: str, cell: cells.Cell) -> None:
         """A cell sent to only some engines cannot run a collective of every rank: say so before

@@ -82,15 +82,20 @@ class Op:
     def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
         if kind is not None:
             self.raised()
-        if self.gen is None or self.outcome:
-            return  # one rank, or the operation already left through a step of the table
-        if kind is None:
-            self.step("finish")
-            return
-        # An exception between two messages of this operation (a KeyboardInterrupt, a bug): the
-        # others would wait for the next message, so give the operation up for everyone.
-        self.give_up("interrupt" if issubclass(kind, KeyboardInterrupt) else "raise", [], None,
-                     f"raised {kind.__name__} between its messages")
+        if self.gen is None:
+            return  # one rank: nothing claimed, nothing to leave
+        try:
+            if self.outcome:
+                return  # the operation already left through a step of the table
+            if kind is None:
+                self.step("finish")
+                return
+            # An exception between two messages of this operation (a KeyboardInterrupt, a bug): the
+            # others would wait for the next message, so give the operation up for everyone.
+            self.give_up("interrupt" if issubclass(kind, KeyboardInterrupt) else "raise", [], None,
+                         f"raised {kind.__name__} between its messages")
+        finally:
+            self.chan.release()
 
     def raised(self) -> None:
         """This operation raises to its caller: the rank has been told that the cell went wrong, so

@@ -231,3 +231,14 @@ def cell_divergence_error(rank: int, other: int | None, record: Any, ledger: Any
         "the others, so this cell's values cannot be trusted. Every rank must call the same mpinb "
         "collectives in the same order."
     )
+
+
+def second_thread_error(name: str, rank: int, owner: int) -> RuntimeError:
+    """A second thread of one rank called a collective while another thread's was in progress."""
+    return RuntimeError(
+        f"{name} was called on rank {rank} from a second thread while thread {owner} of this rank is "
+        "inside another mpinb collective on the same communicator. MPI pairs a rank's collectives "
+        "by their order on a communicator, so two threads calling at once would exchange wrong "
+        "values or hang: call collectives from one thread at a time (join the other thread first), "
+        "or give each thread its own communicator (comm.Dup() on every rank, in the same order)."
+    )

@@ -63,3 +63,35 @@ def test_reduce_in_place_takes_an_op_per_buffer_and_votes_in_the_arrival() -> No
     np.testing.assert_array_equal(sums, np.full(3, SIZE * (SIZE + 1) / 2))
     assert peaks[0] == SIZE - 1
     assert op.votes == (1, 0, 0)  # the last rank's vote, known to every rank
+
+
+@pytest.mark.mpi_sizes(2, 3, 4)
+def test_a_second_thread_in_a_collective_gets_an_error_at_once() -> None:
+    """Rank 0 calls from a second thread while its first thread's collective is in progress: the
+    second call raises at once, the first one gives the right sum, and the next call works."""
+    import threading
+    import time
+
+    from mpinb import _collective
+
+    mpinb.allreduce([np.zeros(1)])  # the channel set up, so the thread's call is an ordinary one
+    chan = _collective.channel()
+    first: dict = {}
+    error = ""
+    if RANK == 0:
+        worker = threading.Thread(target=lambda: first.update(v=mpinb.allreduce([np.full(3, 1.0)])[0]))
+        worker.start()
+        while chan._owner is None and worker.is_alive():
+            time.sleep(1e-3)
+        try:
+            mpinb.allreduce([np.full(3, 5.0)])
+        except RuntimeError as err:
+            error = str(err)
+        worker.join()
+    else:
+        time.sleep(0.3)  # rank 0's thread is inside its collective, waiting for this rank
+        first["v"] = mpinb.allreduce([np.full(3, 1.0)])[0]
+    assert_everywhere(RANK != 0 or "from a second thread" in error, f"rank 0's second thread got: {error!r}")
+    assert_everywhere(bool(np.all(first["v"] == SIZE)), f"the first thread's sum: {first['v']}")
+    after = mpinb.allreduce([np.full(2, RANK + 1.0)])[0]
+    assert_everywhere(bool(np.all(after == SIZE * (SIZE + 1) / 2)), f"the next call gave {after}")
