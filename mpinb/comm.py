@@ -185,7 +185,8 @@ def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None, timeout: 
     Parameters
     ----------
     local : array_like
-        This rank's rows (axis 0). A 1-D array is a column of scalars. Zero rows are allowed.
+        This rank's rows (axis 0). A 1-D array is a column of scalars. Zero rows are allowed; a
+        0-d value (a scalar) is not: pass ``np.atleast_1d(x)``.
     root : int or None, default 0
         The rank that receives the result; ``None`` gathers to every rank.
     comm : mpi4py.MPI.Comm, optional
@@ -198,13 +199,18 @@ def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None, timeout: 
     -------
     numpy.ndarray or None
         All rows in rank order on ``root`` (on every rank when ``root=None``); ``None`` elsewhere.
+
+    Raises
+    ------
+    ValueError
+        On every rank, when ``local`` is 0-d on any rank (the message names those ranks).
     """
     chan = _collective.channel(comm)
     if root is not None:
         _check_root(root, chan.size)
-    arr = np.ascontiguousarray(np.asarray(local))
-    if arr.ndim == 0:
-        raise ValueError(f"gather_rows needs rows along axis 0; got a 0-d value {arr!r}.")
+    # Not ascontiguousarray: it makes a 0-d value 1-d, one row. A 0-d value on any rank is
+    # refused on every rank by the collective itself (the check is data-dependent).
+    arr = np.asarray(local, order="C")
     return _collective.gather_rows(arr, root=root, comm=comm, name="gather_rows", timeout=timeout)
 
 

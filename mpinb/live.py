@@ -142,7 +142,9 @@ def watch(
     Parameters
     ----------
     ar : ipyparallel.AsyncResult
-        The running cell or ``apply_async`` result.
+        The running cell or ``apply_async`` result: ``_`` right after a ``%%px --noblock`` cell, the
+        name given by ``%%px --noblock --save-name=name`` (or ``%pxresult --save-name=name``), or
+        what ``view.execute``, ``view.apply_async`` or ``view.map_async`` returned.
     interval : float, default 0.1
         Seconds between polls.
     timeout : float, optional
@@ -157,7 +159,13 @@ def watch(
     Watch
         ``result`` (what ``ar.get()`` returned), ``progress`` (the last message), ``redraws``
         (time and step of each redraw) and ``figure``.
+
+    Raises
+    ------
+    TypeError
+        At once, before drawing anything, when ``ar`` is not such a result.
     """
+    _check_async_result(ar)
     import matplotlib.pyplot as plt
 
     shown = _in_ipython() if display is None else display
@@ -200,6 +208,22 @@ def watch(
         if shown:
             plt.close(fig)  # the display handle holds the image; avoid a second copy at cell end
     return seen
+
+
+def _check_async_result(ar: Any) -> None:
+    # Duck-typed rather than an isinstance check: every ipyparallel result (AsyncResult,
+    # AsyncMapResult, AsyncHubResult; ``--save-name`` stores the same AsyncResult) has these, and
+    # so does any wrapper of one. ``_`` is easily something else: ``init, _ = kmeans_plusplus(...)``
+    # in a later cell rebinds it, and then the first poll failed with an AttributeError on ``ready``.
+    if callable(getattr(ar, "ready", None)) and callable(getattr(ar, "get", None)):
+        return
+    kind = type(ar)
+    package = kind.__module__.split(".")[0]
+    name = kind.__qualname__ if package == "builtins" else f"{package}.{kind.__qualname__}"
+    raise TypeError(
+        "watch() takes the AsyncResult of a `%%px --noblock` cell (`_` right after it, or "
+        f"`%%px --noblock --save-name=name` and then watch(name)); got {name}."
+    )
 
 
 def _latest(ar: Any) -> dict[str, Any] | None:

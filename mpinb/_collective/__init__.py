@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from mpinb._collective.fused import plan
+from mpinb._words import on_ranks
 from mpinb.deadline import DEFAULT
 
 if TYPE_CHECKING:
@@ -107,9 +108,19 @@ def gather(obj: Any, *, root: int = 0, comm: Any = None, name: str, timeout: Any
 def gather_rows(rows: np.ndarray, *, root: int | None = 0, comm: Any = None, name: str, timeout: Any = DEFAULT,
                 what: str | None = None) -> np.ndarray | None:
     """Every rank's rows (contiguous, axis 0, any count) in rank order, on ``root`` (``None``: on
-    every rank); the arrival checks the trailing shape, dtype and root."""
+    every rank); the arrival checks the trailing shape, dtype and root.
+
+    A 0-d ``rows`` (a scalar: no axis 0) on any rank makes every rank raise the same ``ValueError``
+    naming those ranks. Whether a rank's input is 0-d is data, so the verdict rides in the arrival
+    as a vote: a rank that raised alone would leave the others waiting in this collective, and the
+    common case pays nothing for the check.
+    """
+    scalar = rows.ndim == 0
     layout = f"rows of shape {rows.shape[1:]} and dtype {rows.dtype}" + ("" if root is None else f", to rank {root}")
-    with collective(comm, name, layout, timeout=timeout, what=what or f"{name}'s row shape, dtype and root") as call:
+    with collective(comm, name, layout, timeout=timeout, what=what or f"{name}'s row shape, dtype and root",
+                    votes=(int(scalar),)) as call:
+        if call.votes[0]:
+            _fail_together(call, ValueError(_no_rows_message(name, call.allgather(scalar), call.size)))
         if rows.dtype.kind not in "biufc":
             # Objects and strings have no fixed-size MPI type; small, so pickling is fine here.
             parts = call.allgather(rows) if root is None else call.gather(rows, root)
@@ -187,6 +198,19 @@ def cell_end_check(value: Any = None) -> Any:
         for chan in list(_channels.values()):
             chan.end_cell_check(cell)
     return value
+
+
+def _no_rows_message(name: str, scalars: list[bool], size: int) -> str:
+    ranks = [rank for rank, scalar in enumerate(scalars) if scalar]
+    return (f"{name} needs rows along axis 0; got a 0-d value (a scalar) {on_ranks(ranks, size)}. Pass a 1-D "
+            "array for a column of scalars (np.atleast_1d(x), or np.empty(0) on a rank without rows).")
+
+
+def _fail_together(call: Op, error: BaseException) -> None:
+    """Raise ``error``, which every rank of ``call`` raises at this point (decided by its arrival)."""
+    if call.size == 1:
+        raise error  # one rank: no protocol to step through
+    call.fail(error)
 
 
 def _stop_vote(stop: StopFlag | None) -> tuple[int, ...]:

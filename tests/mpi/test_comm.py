@@ -254,6 +254,18 @@ def test_gather_rows_width_mismatch_raises_everywhere(comm) -> None:
         mpinb.gather_rows(local, comm=comm)
 
 
+@pytest.mark.mpi_sizes(2, 3, 4)
+@pytest.mark.parametrize("root", [0, None])
+def test_gather_rows_0d_on_one_rank_raises_everywhere(comm, root) -> None:
+    # Only rank 1 passes a scalar: the others must raise with it, not wait for it (or gather it as a row).
+    local = np.float64(RANK) if RANK == 1 else np.arange(2.0)
+    with raises_everywhere(ValueError, match=rf"got a 0-d value \(a scalar\) on rank 1 of {SIZE}\. Pass a 1-D"):
+        mpinb.gather_rows(local, root=root, comm=comm)
+    # mpinb's own communicator is still usable: the next gather pairs with the next gather.
+    got = mpinb.gather_rows(np.atleast_1d(np.float64(RANK)), root=None, comm=comm)
+    np.testing.assert_array_equal(got, np.arange(float(SIZE)))
+
+
 def test_on_root_returns_everywhere(any_comm) -> None:
     got = mpinb.on_root(lambda a, b=0: np.arange(a) + b, 4, b=any_comm.Get_size(), comm=any_comm)
     np.testing.assert_array_equal(got, np.arange(4) + any_comm.Get_size())

@@ -594,3 +594,13 @@ def test_bad_axes_argument_is_rejected() -> None:
 def test_public_functions_say_they_are_client_helpers(name: str) -> None:
     doc = getattr(plotting, name).__doc__
     assert doc.split("\n\n")[1].strip().startswith("Client.")
+
+
+@pytest.mark.parametrize("value", [(np.zeros(2), np.zeros(2)), None, 3])
+def test_watch_refuses_what_is_not_an_async_result_before_drawing(value) -> None:
+    # `_` rebound by a later cell (``init, _ = ...``) used to fail at the first poll with an AttributeError.
+    from mpinb.live import watch
+
+    with pytest.raises(TypeError, match=r"watch\(\) takes the AsyncResult of a `%%px --noblock` cell.*got "
+                                        + type(value).__qualname__):
+        watch(value, display=False)
