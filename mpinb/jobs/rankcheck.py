@@ -15,13 +15,19 @@ def main() -> None:
     t0 = time.perf_counter()
     w = mpinb.world()
     threads = mpinb.limit_threads()
+    from mpinb.gpus import use_one_gpu_per_rank
+
+    try:
+        device = str(use_one_gpu_per_rank())
+    except ValueError:  # raised alike on every rank: a check reports it, training would fail on it
+        device = "more ranks than GPUs on a host (docs/gpu.md: share=True)"
     lo, hi = mpinb.shard_bounds(1000, rank=w.rank, size=w.size)
     local = np.arange(lo, hi, dtype=np.float64)
     total, count = mpinb.allreduce([local.sum(), np.int64(local.size)])
     (biggest,) = mpinb.allreduce([local.max(initial=-1.0)], op="max")
     rows = mpinb.gather_rows(np.full((hi - lo, 2), w.rank, dtype=np.int32), root=None)
     order_ok = bool(np.all(np.diff(rows[:, 0]) >= 0))
-    mpinb.rprint(f"host {w.host}, local rank {w.local_rank}/{w.local_size}, rows [{lo}, {hi}), {threads} thread(s)")
+    mpinb.rprint(f"host {w.host}, local rank {w.local_rank}/{w.local_size}, rows [{lo}, {hi}), {threads} thread(s), {device}")
     summary = {
         "ranks": w.size,
         "sum_of_0_to_999": float(total),

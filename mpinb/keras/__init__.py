@@ -29,8 +29,9 @@ from mpinb.keras.callbacks import (  # noqa: E402
 from mpinb.keras.evaluation import evaluate  # noqa: E402
 from mpinb.keras.optimizer import DistributedOptimizer, is_distributed  # noqa: E402
 from mpinb.keras.training import fit  # noqa: E402
+from mpinb.gpus import use_one_gpu_per_rank  # noqa: E402
 
-__all__ = sorted([*_callbacks.__all__, "DistributedOptimizer", "evaluate", "fit", "is_distributed"])
+__all__ = sorted([*_callbacks.__all__, "DistributedOptimizer", "evaluate", "fit", "is_distributed", "use_one_gpu_per_rank"])
 
 
 def __dir__() -> list[str]:

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from mpinb._checks import check_int, default_comm
+from mpinb.gpus import ensure_chosen
 from mpinb._training.averaging import sum_arrays
 from mpinb.agreement import check_same, raise_together
 from mpinb.comm import allreduce
@@ -106,6 +107,7 @@ def evaluate(model: Any, x: Any, y: Any = None, *, batch_size: int = 32, steps: 
     >>> scores["accuracy"]
     """
     comm = default_comm(comm)
+    ensure_chosen(comm)  # one GPU per rank, if nothing has initialised TensorFlow's devices yet
     with raise_together(comm=comm):
         check_int(batch_size, "batch_size", minimum=1)
         data = scored(x, y, steps)

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import keras
 
 from mpinb._checks import default_comm
+from mpinb.gpus import ensure_chosen
 from mpinb._training.plan import check_accumulate, execution_boundary
 from mpinb._training.plan import steps_per_execution as _steps_per_execution
 from mpinb.agreement import check_same, raise_together
@@ -207,6 +208,7 @@ def fit(
     >>> history["loss"][-1], history["rank_loss"][-1]
     """
     comm = default_comm(comm)
+    ensure_chosen(comm)  # one GPU per rank, if nothing has initialised TensorFlow's devices yet
     user_callbacks = list(callbacks or [])
     stopper = next((cb for cb in user_callbacks if isinstance(cb, StopOnInterrupt)), None)
     if stopper is None:
