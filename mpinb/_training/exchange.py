@@ -139,6 +139,12 @@ class GradientExchange:
         self._interrupt |= bool(interrupt)
         self._stop |= bool(stop)
         self._nonfinite |= bool(nonfinite)
+        if nonfinite and not self.check_finite:
+            # Under a loss-scale optimizer the finite/non-finite branch is taken from the reduced
+            # gradients. A non-finite value on any rank already spreads through the sum, but the
+            # decision is the reduced vote, not each rank's reading of its own copy of the sum:
+            # every rank skips the step and lowers its scale together.
+            _poison(out)
         if rows is not None:
             divide_by_rows(out, bufs)  # by the global batch (or the update's rows); none: all zero already
         self.seconds += time.perf_counter() - t0
@@ -159,3 +165,11 @@ class GradientExchange:
     def times(self) -> np.ndarray:
         """``(seconds in the exchange, of which waiting)`` so far."""
         return np.array([self.seconds, self.wait_seconds])
+
+
+def _poison(arrays: list[np.ndarray]) -> None:
+    """Make the first non-empty floating array hold a NaN, so any finiteness check on them fails."""
+    for a in arrays:
+        if a.size and np.issubdtype(a.dtype, np.floating):
+            a.reshape(-1)[0] = np.nan
+            return
