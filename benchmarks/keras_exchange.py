@@ -1,0 +1,137 @@
+"""Where one Keras gradient exchange's time goes, against one plain in-place Allreduce of the same bytes.
+
+    .venv/bin/python benchmarks/keras_exchange.py            # 2 ranks, about a minute
+    .venv/bin/python benchmarks/keras_exchange.py --quick    # smoke run
+
+The gradients of the MLP 784-512-512-10 (2.68 MB of float32), measured in one ``mpiexec`` job,
+every piece interleaved with the others in each repeat (the machine's speed drifts within minutes):
+
+- ``plain``     ``comm.Allreduce(MPI.IN_PLACE, packed)`` of the same bytes: the floor;
+- ``pack``      :meth:`Packer.fill` alone (copy and scale into the wire buffers, finiteness checked);
+- ``numpy``     :meth:`GradientExchange.reduce` from NumPy: packing, the arrival, the Allreduce;
+- ``hop``       a traced step calling ``tf.numpy_function`` on the gradients with no exchange: the
+                TensorFlow-to-NumPy crossing and back;
+- ``tf``        a traced step calling ``TensorExchange.average``: what a training step pays.
+
+Each repeat starts at a barrier, so arrival skew is left out (the waiting of real steps is the
+slowest rank's compute noise, which ``keras_scaling.py`` measures). Figures are medians, reported
+as ratios to ``plain``; JSON with the CPU model goes to ``benchmarks/results/keras_exchange.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results" / "keras_exchange.json"
+SHAPES = [(784, 512), (512,), (512, 512), (512,), (512, 10), (10,)]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def worker(out: str, repeats: int) -> None:
+    from mpinb._quiet_tf import import_tensorflow
+
+    import_tensorflow()
+    import tensorflow as tf
+    from mpi4py import MPI
+
+    import mpinb
+    from mpinb._training.packing import Packer
+    from mpinb.keras.optimizer import TensorExchange
+
+    comm = MPI.COMM_WORLD
+    mpinb.world()
+    rng = np.random.default_rng(comm.Get_rank())
+    grads = tuple(rng.normal(size=s).astype(np.float32) for s in SHAPES)
+    packed = np.concatenate([g.ravel() for g in grads])
+    ex = TensorExchange(comm)
+    packer = Packer(grads)
+    tensors = [tf.constant(g) for g in grads]
+
+    @tf.function
+    def hop(*ts):
+        back = tf.numpy_function(lambda *a: list(a), list(ts), [t.dtype for t in ts], stateful=True)
+        return tf.add_n([tf.reduce_sum(b) for b in back])
+
+    @tf.function
+    def exchange(*ts):
+        return tf.add_n([tf.reduce_sum(r) for r in ex.average(list(ts))])
+
+    pieces = {
+        "plain": lambda: comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM),
+        "pack": lambda: packer.fill(grads, 0.5),
+        "numpy": lambda: ex.reduce(*grads),
+        "hop": lambda: hop(*tensors).numpy(),
+        "tf": lambda: exchange(*tensors).numpy(),
+    }
+    times: dict[str, list[float]] = {k: [] for k in pieces}
+    for k in pieces:  # warm-up: traces, buffers, MPI's first touch of the memory
+        for _ in range(5):
+            comm.Barrier()
+            pieces[k]()
+    names = list(pieces)
+    for i in range(repeats):
+        for k in names[i % len(names):] + names[: i % len(names)]:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            pieces[k]()
+            times[k].append(time.perf_counter() - t0)
+    slowest = {k: np.max(comm.allgather(np.array(v)), axis=0) for k, v in times.items()}  # per repeat, the slower rank
+    if comm.Get_rank() == 0:
+        med = {k: statistics.median(v) for k, v in slowest.items()}
+        Path(out).write_text(json.dumps({
+            "ranks": comm.Get_size(), "bytes": int(packed.nbytes), "repeats": repeats,
+            "median_ms": {k: round(v * 1e3, 4) for k, v in med.items()},
+            "ratio_to_plain": {k: round(v / med["plain"], 3) for k, v in med.items()},
+        }))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    repeats = 20 if args.quick else 300
+    if args.worker:
+        worker(args.worker, repeats)
+        return
+    from mpinb.client.launch import run_mpi
+
+    out = Path(args.out) if args.out else (
+        Path(tempfile.gettempdir()) / "mpinb-bench-quick" / "keras_exchange.json" if args.quick else RESULTS)
+    with tempfile.TemporaryDirectory(prefix="mpinb-bench-") as tmp:
+        part = Path(tmp) / "part.json"
+        proc = run_mpi(args.np, [__file__, "--worker", str(part)] + (["--quick"] if args.quick else []), timeout=600)
+        if proc.returncode != 0:
+            sys.exit(f"benchmark failed (exit {proc.returncode})")
+        run = json.loads(part.read_text())
+    report = {"benchmark": "keras_exchange", "machine": platform.node(), "cpu_model": cpu_model(),
+              "cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(), "quick": args.quick,
+              "run": run, "target": "tf / plain <= 1.5"}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
