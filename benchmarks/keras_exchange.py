@@ -11,7 +11,11 @@ every piece interleaved with the others in each repeat (the machine's speed drif
 - ``numpy``     :meth:`GradientExchange.reduce` from NumPy: packing, the arrival, the Allreduce;
 - ``hop``       a traced step calling ``tf.numpy_function`` on the gradients with no exchange: the
                 TensorFlow-to-NumPy crossing and back;
-- ``tf``        a traced step calling ``TensorExchange.average``: what a training step pays.
+- ``tf``        a traced step calling ``TensorExchange.average``: what a training step pays;
+- ``call``      a traced function calling an empty ``tf.numpy_function``: the fixed cost of a call.
+
+The traced functions read one element of their results, so a step's own use of the gradients is
+not counted.
 
 Each repeat starts at a barrier, so arrival skew is left out (the waiting of real steps is the
 slowest rank's compute noise, which ``keras_scaling.py`` measures). Figures are medians, reported
@@ -69,11 +73,15 @@ def worker(out: str, repeats: int) -> None:
     @tf.function
     def hop(*ts):
         back = tf.numpy_function(lambda *a: list(a), list(ts), [t.dtype for t in ts], stateful=True)
-        return tf.add_n([tf.reduce_sum(b) for b in back])
+        return back[0][0, 0]  # one element read: the step's own use of the results is not the exchange's
 
     @tf.function
     def exchange(*ts):
-        return tf.add_n([tf.reduce_sum(r) for r in ex.average(list(ts))])
+        return ex.average(list(ts))[0][0, 0]
+
+    @tf.function
+    def empty():
+        return tf.numpy_function(lambda: np.float32(0), [], tf.float32, stateful=True)
 
     pieces = {
         "plain": lambda: comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM),
@@ -81,6 +89,7 @@ def worker(out: str, repeats: int) -> None:
         "numpy": lambda: ex.reduce(*grads),
         "hop": lambda: hop(*tensors).numpy(),
         "tf": lambda: exchange(*tensors).numpy(),
+        "call": lambda: empty().numpy(),
     }
     times: dict[str, list[float]] = {k: [] for k in pieces}
     for k in pieces:  # warm-up: traces, buffers, MPI's first touch of the memory
