@@ -9,13 +9,15 @@ running, and only its engines are replaced on restart.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
 from mpinb.client._ipp import engine_uuids
-from mpinb.client._processes import descendants, end, kill, launcher_files_of, remove_files, shared_memory_of
+from mpinb.client._processes import (descendants, end, kill, launcher_files_of, remove_files, session_members,
+                                     shared_memory_of)
 from mpinb.client._watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -49,21 +51,27 @@ class Owned:
         # write): removed with the cluster, however it ends.
         tmpdir = tempfile.mkdtemp(prefix="mpinb-engines-") if self.options.on_this_machine else None
         self.leftovers = {tmpdir} if tmpdir else set()
-        mc.cluster = self.options.make_cluster(mc.n, self.slurm, tmpdir)
-        # Before any process starts: whatever happens to this process from now on, the cluster ends
-        # with it (mpinb.client._watchdog).
-        self.watchdog = Watchdog()
+        with _owner_only():
+            mc.cluster = self.options.make_cluster(mc.n, self.slurm, tmpdir)
+            # Before any process starts: whatever happens to this process from now on, the cluster
+            # ends with it (mpinb.client._watchdog).
+            self.watchdog = Watchdog()
+        self.leftovers |= _cluster_files(mc.cluster)
         self.watchdog.remove_on_death(self.leftovers)
         try:
             _private_cluster_file(mc.cluster)
             self._cancel_on_death(mc)
             # Each launcher is watched as soon as it runs (the watchdog ends their trees too): an owner
             # killed while the engines start leaves no controller behind.
-            mc.cluster.start_controller_sync()
+            with _owner_only():
+                mc.cluster.start_controller_sync()
             self.watchdog.watch(_launcher_pids(mc.cluster))
             time.sleep(mc.cluster.delay)  # as ipyparallel's start_cluster does
-            mc.cluster.start_engines_sync()
+            with _owner_only():
+                mc.cluster.start_engines_sync()
             self.watchdog.watch(_launcher_pids(mc.cluster))
+            self.leftovers |= _cluster_files(mc.cluster)
+            self.watchdog.remove_on_death(self.leftovers)
             mc.client = mc.cluster.connect_client_sync()
             mc._identify(wait_for_new_engines(mc, set()))
             self._cancel_on_death(mc)
@@ -198,13 +206,49 @@ def kill_engines(mc: MPICluster) -> None:
 
 
 def tracked_pids(mc: MPICluster) -> list[int]:
-    """Every process of ``mc``'s cluster on this host: engines, controller, mpiexec and their trees."""
+    """Every process of ``mc``'s cluster on this host: engines, controller, mpiexec, their trees,
+    and what is left in the sessions they lead (the children of a controller killed first)."""
     pids = list(mc._local_engine_pids)
     if mc.cluster is not None:
         for pid in _launcher_pids(mc.cluster):
             pids.append(pid)
             pids.extend(descendants(pid))
+    # ipyparallel starts each launcher's process in a session of its own; Hydra its proxies and ranks.
+    pids.extend(session_members(list(pids)))
     return sorted(set(pids))
+
+
+@contextlib.contextmanager
+def _owner_only():
+    """Umask 077 while ipyparallel starts processes and writes files: the controller's and engines'
+    logs (opened in this process), the hub's ``engines<id>.json``, the profile folders, and whatever
+    the processes started now write, are the owner's alone. The umask is per process, not per
+    thread: another thread of this process creating a file meanwhile gets a stricter mode, never a
+    looser one."""
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _cluster_files(cluster: Any) -> set[str]:
+    """What ipyparallel writes for ``cluster`` in its profile (logs, connection and cluster files,
+    the hub's engine state): removed with the cluster however it ends (ipyparallel removes some on
+    a clean stop only, and never ``engines<id>.json``). Folders are made owner-only on the way."""
+    profile = str(cluster.profile_dir)
+    cid = cluster.cluster_id
+    # Every file named after the cluster's id (never an empty id: that would name every file).
+    found = {os.path.join(profile, d, f"*{cid}*") for d in ("log", "security")} if cid else set()
+    if cluster.cluster_file:
+        found.add(cluster.cluster_file)
+    for launcher in [cluster.controller, *cluster.engines.values()]:
+        if getattr(launcher, "output_file", ""):
+            found.add(launcher.output_file)
+    for folder in ("log", "security"):
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.join(profile, folder), 0o700)
+    return found
 
 
 def _launcher_pids(cluster: Any) -> list[int]:

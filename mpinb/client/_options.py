@@ -126,13 +126,21 @@ class LaunchOptions:
         }, self.controller_ip or "127.0.0.1"
         if slurm is not None:  # a Slurm job or step instead: mpinb.client.slurm decides how
             (engines, launch), controller_ip = slurm.settings(), slurm.controller_ip(self.controller_ip)
+        kwargs = dict(self.cluster_kwargs)
+        # CURVE on every connection: a process without the controller's public key (it is in the
+        # owner-only connection files) completes no handshake, so another account on this host or
+        # on the network reads nothing and delivers nothing (a bare TCP port on loopback is open to
+        # every local user). ipyparallel passes the key to the engines and the client itself.
+        kwargs["controller_args"] = [_CURVE, *kwargs.get("controller_args", ())]
         return ipp.Cluster(engines=engines, n=n, controller_ip=controller_ip, log_level=self.log_level,
-                           config=_config(launch, self.config), **self.cluster_kwargs)
+                           config=_config(launch, self.config), **kwargs)
 
 
 # The engines of a one-machine cluster: Hydra's wildcard port is confined to loopback from their
 # first line (mpinb._engine_boot), then ipyparallel's engine runs with its usual arguments.
 ENGINE_BOOT = [sys.executable, "-m", "mpinb._engine_boot"]
+
+_CURVE = "--IPController.enable_curve=True"
 
 # mpiexec's options that put ranks on other hosts.
 _HOST_OPTIONS = frozenset({"f", "hostfile", "machinefile", "host", "hosts", "hostlist"})

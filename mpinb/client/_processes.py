@@ -8,7 +8,7 @@ import signal
 import subprocess
 from collections.abc import Iterable, Sequence
 
-__all__ = ["descendants", "end", "finish", "kill", "remove_files", "send", "shared_memory_of"]
+__all__ = ["descendants", "end", "finish", "kill", "remove_files", "send", "session_members", "shared_memory_of"]
 
 _DRAIN = 5.0  # seconds to read what a killed group still wrote
 
@@ -21,6 +21,34 @@ def descendants(pid: int) -> list[int]:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         return []
+
+
+def session_members(sessions: Iterable[int]) -> list[int]:
+    """Every live process of this user whose session id is one of ``sessions``.
+
+    ipyparallel starts the controller and ``mpiexec`` each in a session of its own, and everything
+    they start stays in it unless it calls ``setsid`` itself: a child whose parent was killed is
+    reparented (to PID 1), so it is no descendant of anything any more, but it keeps its session.
+    A session id is the PID of the process that made it, and Linux reuses that PID only once no
+    process is left in the session, so a session that still has members is the one recorded.
+    """
+    wanted = {int(s) for s in sessions if s}
+    uid, found = os.getuid(), []
+    if not wanted:
+        return found
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/stat") as fh:
+                state, _ppid, _pgrp, session = fh.read().rsplit(")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue
+        if int(session) in wanted and state != "Z":
+            found.append(int(name))
+    return sorted(found)
 
 
 def kill(pid: int) -> None:
@@ -137,10 +165,16 @@ def launcher_files_of(pids: Iterable[int]) -> set[str]:
 
 
 def remove_files(paths: Iterable[str]) -> None:
-    """Remove each of ``paths`` that still exists (a folder with what it holds)."""
+    """Remove each of ``paths`` that still exists (a folder with what it holds); a path with ``*``
+    stands for every path it matches then."""
+    import glob
     import shutil
 
+    expanded = []
     for path in paths:
+        expanded.extend(glob.glob(glob.escape(os.path.dirname(path)) + "/" + os.path.basename(path))
+                        if "*" in os.path.basename(path) else [path])
+    for path in expanded:
         try:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)

@@ -6,7 +6,7 @@ write end is in the owner; it reads the PIDs to watch from it (the controller, `
 engines, again after a restart). When the owner says ``stop`` (a clean :meth:`MPICluster.stop`),
 the watchdog just exits. When the pipe ends without ``stop``, or the owner's PID is gone (a forked
 child of the owner could keep the pipe open), the owner has died: the watchdog sends SIGTERM to
-every watched process and its descendants, SIGKILL two seconds later to what is left, removes
+every watched process, its descendants and the members of the sessions they lead, SIGKILL two seconds later to what is left, removes
 the files those processes leave when killed (MPI's shared memory, the launcher's and engines'
 temporary files), runs the commands it was given for that case (``scancel`` of a Slurm job whose engines run on other nodes,
 where no PID of this machine reaches them), and exits. It runs in its own session, so a signal to
@@ -94,7 +94,7 @@ def _owner_alive(pid: int) -> bool:
 
 
 def main(owner: int) -> None:
-    from mpinb.client._processes import descendants, end, remove_files
+    from mpinb.client._processes import descendants, end, remove_files, session_members
 
     watched: set[int] = set()
     leftovers: set[str] = set()
@@ -123,6 +123,9 @@ def main(owner: int) -> None:
     trees = set(watched)
     for pid in watched:
         trees.update(descendants(pid))
+    # What a killed watched process left: its children, reparented, are no one's descendants any
+    # more, but keep the session it made (the controller's schedulers, when it died first).
+    trees.update(session_members(watched))
     trees.discard(os.getpid())
     end(sorted(trees), grace=_GRACE, terminate=True)
     remove_files(sorted(leftovers))
