@@ -308,9 +308,23 @@ def _own_where_file(folder: str) -> str | None:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError:
             return None
+        _ignore_when_unhandled(_WHERE_SIGNAL)
         faulthandler.register(_WHERE_SIGNAL, file=fd, all_threads=True, chain=False)
         _own_where = path
     return _own_where
+
+
+def _ignore_when_unhandled(signum: int) -> None:
+    """Make ``signum``'s default action "ignore": faulthandler puts back the handler it replaced when
+    the interpreter finalises, and a rank asked where it is while it exits (a batch script that
+    caught a collective's error and ends) was killed by the default action, and mpiexec ended the
+    job with it, the real error never printed. Only the main thread may set handlers; elsewhere the
+    default stays."""
+    try:
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_IGN)
+    except ValueError:
+        pass
 
 
 def _open_where_file(folder: str, pid: int, started: int) -> None:

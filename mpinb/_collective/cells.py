@@ -96,6 +96,7 @@ def install() -> bool:
     shell.events.register("pre_execute", _begin)
     shell.events.register("post_execute", _end)
     shell.ast_transformers.append(EndCheck())
+    _run_every_request(shell.kernel)
     _shell = shell
     from mpinb._hidden_frames import install as hide_mpinb_frames
 
@@ -135,6 +136,31 @@ def describe_error(error: BaseException | None, limit: int = 300) -> str:
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     return f"raised {type(error).__name__}" + (f": {text}" if text else "")
+
+
+def _run_every_request(kernel: Any) -> None:
+    """Run every execute request this engine is sent, also those queued behind a failed one.
+
+    ipykernel aborts the requests queued behind one that raised (``stop_on_error``): right for one
+    notebook's own kernel ("Run all" stops at the first error), wrong for a rank. After the Stop
+    button every rank's cell raises, so the blocking cell sent right after it came back at once as
+    "aborted" -- no output, no error, never run. And the decision is each engine's own: a rank
+    whose cell raised alone skips the next cell while the others run it. The notebook's kernel
+    still stops "Run all" at a failed ``%%px`` cell; a queue emptied on purpose
+    (``client.abort()``) is untouched."""
+    handlers = getattr(kernel, "shell_handlers", None)
+    execute = handlers.get("execute_request") if isinstance(handlers, dict) else None
+    if execute is None or getattr(execute, "_mpinb_runs_every_request", False):
+        return
+
+    def execute_request(stream: Any, ident: Any, parent: dict[str, Any]) -> Any:
+        content = parent.get("content")
+        if isinstance(content, dict):
+            content["stop_on_error"] = False
+        return execute(stream, ident, parent)
+
+    execute_request._mpinb_runs_every_request = True  # type: ignore[attr-defined]
+    handlers["execute_request"] = execute_request
 
 
 def _engine_shell() -> Any:

@@ -362,6 +362,23 @@ def test_the_first_interrupt_ends_every_wait_inside_kmeans_fit(engines: Engines,
     engines.recovered(marker)
 
 
+def test_a_cell_sent_right_after_the_stop_button_runs_on_every_rank(engines: Engines) -> None:
+    """ipykernel aborts the requests queued behind a failed one that was not silent (``%%px`` cells
+    are not): the cell sent at once after an interrupt came back "aborted", with no output and no
+    error, and never ran."""
+    marker = _mark(engines, "after-stop", 0)
+    stopped = engines.cluster.view.execute("if rank == 1:\n    time.sleep(4)\nmpinb.allreduce([np.ones(1)])",
+                                           silent=False, block=False)  # as %%px sends it
+    time.sleep(1.0)  # the ranks but 1 wait in the collective, rank 1 sleeps
+    engines.cluster.interrupt()
+    after = engines.cluster.view.execute("flag = float(mpinb.allreduce([np.full(1, rank + 1.0)])[0][0])",
+                                         block=False)
+    assert engines.wait(stopped) == set(range(engines.n)), engines.last_errors
+    assert engines.wait(after) == set(), engines.last_errors
+    assert engines.cluster.pull("flag") == [engines.expected] * engines.n
+    engines.recovered(marker)
+
+
 def test_the_stop_button_shows_every_ranks_error(engines: Engines) -> None:
     """A blocking %%px in a real IPython shell, interrupted as the Stop button does (SIGINT to the
     kernel): the engines are signalled, and the cell raises every rank's error, grouped."""

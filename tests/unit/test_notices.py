@@ -87,3 +87,21 @@ def test_ranks_sent_to_directly_are_leaves_of_no_tree() -> None:
     assert sorted(hops) == list(range(1, 8)) and hops[3] == hops[6] == 1
     assert sends[3] == sends[6] == 0 and sends[0] == 2 + 3  # two direct, three tree children of six
     assert len(bodies) == 7
+
+
+def test_a_rank_asked_where_it_is_while_it_exits_is_not_killed(tmp_path) -> None:
+    # faulthandler puts back the handler it replaced when the interpreter finalises: the default
+    # action of SIGUSR2 kills. Unregistering here stands for the finalisation; the ask comes after.
+    import subprocess
+    import sys
+
+    script = (
+        "import faulthandler, os, signal, sys\n"
+        "from mpinb._collective import board\n"
+        f"assert board._own_where_file({str(tmp_path)!r}) is not None\n"
+        "faulthandler.unregister(signal.SIGUSR2)\n"
+        "os.kill(os.getpid(), signal.SIGUSR2)\n"
+        "print('still here')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "still here", (done.returncode, done.stderr[-2000:])
