@@ -103,7 +103,8 @@ def worker(out: str, repeats: int) -> None:
             t0 = time.perf_counter()
             pieces[k]()
             times[k].append(time.perf_counter() - t0)
-    slowest = {k: np.max(comm.allgather(np.array(v)), axis=0) for k, v in times.items()}  # per repeat, the slower rank
+    # Per repeat, the slower rank's time.
+    slowest = {k: np.max(comm.allgather(np.array(v)), axis=0) for k, v in times.items()}
     if comm.Get_rank() == 0:
         med = {k: statistics.median(v) for k, v in slowest.items()}
         Path(out).write_text(json.dumps({
@@ -130,7 +131,8 @@ def main() -> None:
         Path(tempfile.gettempdir()) / "mpinb-bench-quick" / "keras_exchange.json" if args.quick else RESULTS)
     with tempfile.TemporaryDirectory(prefix="mpinb-bench-") as tmp:
         part = Path(tmp) / "part.json"
-        proc = run_mpi(args.np, [__file__, "--worker", str(part)] + (["--quick"] if args.quick else []), timeout=600)
+        argv = [__file__, "--worker", str(part)] + (["--quick"] if args.quick else [])
+        proc = run_mpi(args.np, argv, timeout=600)
         if proc.returncode != 0:
             sys.exit(f"benchmark failed (exit {proc.returncode})")
         run = json.loads(part.read_text())

@@ -46,7 +46,8 @@ class Choice:
         return f"GPU {self.gpu}{shared}"
 
 
-def inventory(env: Mapping[str, str] | None = None, *, driver: Callable[[], list[str]] | None = None) -> list[str]:
+def inventory(env: Mapping[str, str] | None = None, *,
+              driver: Callable[[], list[str]] | None = None) -> list[str]:
     """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries (indices or UUIDs).
 
     Local. ``CUDA_VISIBLE_DEVICES`` when set (an empty value, or ``-1``, means none), else the
@@ -66,7 +67,8 @@ def inventory(env: Mapping[str, str] | None = None, *, driver: Callable[[], list
     return (driver or _driver_gpus)()
 
 
-def assign(seen: Sequence[tuple[str, Sequence[str]]], *, share: bool = False, bound: bool = False) -> list[tuple[str | None, int]]:
+def assign(seen: Sequence[tuple[str, Sequence[str]]], *, share: bool = False,
+           bound: bool = False) -> list[tuple[str | None, int]]:
     """Each rank's GPU from every rank's ``(host, visible GPUs)``, in rank order.
 
     Local (a pure function: every rank computes it from the same gathered list). Ranks of a host
@@ -106,13 +108,15 @@ def assign(seen: Sequence[tuple[str, Sequence[str]]], *, share: bool = False, bo
     if crowded:
         raise ValueError(
             "mpinb gives each rank its own GPU, but " + "; ".join(sorted(crowded)) + ". Start at most one "
-            "rank per GPU on each host, or share them explicitly: mpinb.gpus.use_one_gpu_per_rank(share=True) "
+            "rank per GPU on each host, or share them explicitly: "
+            "mpinb.gpus.use_one_gpu_per_rank(share=True) "
             "(MPINB_GPUS=share in the engines' environment), which gives each rank a memory limit."
         )
     return out
 
 
-def use_one_gpu_per_rank(*, share: bool | None = None, memory_limit_mb: int | None = None, comm: Any = None) -> Choice:
+def use_one_gpu_per_rank(*, share: bool | None = None, memory_limit_mb: int | None = None,
+                         comm: Any = None) -> Choice:
     """Make this rank see exactly one GPU of its host, chosen by its local rank, with memory growth on.
 
     Collective: every rank calls it, before TensorFlow initialises its devices (the first lines of

@@ -10,7 +10,8 @@ import mpinb
 def test_engines_each_take_the_gpu_of_their_local_rank() -> None:
     with mpinb.MPICluster(n=2, env={"CUDA_VISIBLE_DEVICES": "3,7"}) as cluster:
         cluster.view.execute("import os; from mpinb import gpus; seen = (gpus.device(), "
-                             "os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('TF_FORCE_GPU_ALLOW_GROWTH'))")
+                             "os.environ.get('CUDA_VISIBLE_DEVICES'), "
+                             "os.environ.get('TF_FORCE_GPU_ALLOW_GROWTH'))")
         seen = cluster.pull("seen")  # in rank order
     assert seen == [("GPU 3", "3", "true"), ("GPU 7", "7", "true")]
 

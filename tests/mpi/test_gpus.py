@@ -31,7 +31,8 @@ def test_each_rank_gets_the_gpu_of_its_local_rank(fresh, comm) -> None:
 @pytest.mark.mpi_sizes(2, 3, 4)
 def test_more_ranks_than_gpus_fails_on_every_rank(fresh, comm) -> None:
     fresh.setenv("CUDA_VISIBLE_DEVICES", "5")
-    with raises_everywhere(ValueError, match=rf"{comm.Get_size()} ranks on .* see 1 GPU\(s\) \(CUDA_VISIBLE_DEVICES=5\)"):
+    rule = rf"{comm.Get_size()} ranks on .* see 1 GPU\(s\) \(CUDA_VISIBLE_DEVICES=5\)"
+    with raises_everywhere(ValueError, match=rule):
         gpus.use_one_gpu_per_rank(comm=comm)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
 

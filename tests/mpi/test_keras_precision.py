@@ -50,7 +50,8 @@ def model_for(seed: int, initial_scale: float | None = None):
 def order(per_rank: int) -> np.ndarray:
     bounds = [mpinb.shard_bounds(N, rank=r, size=SIZE) for r in range(SIZE)]
     steps = (bounds[0][1] - bounds[0][0]) // per_rank
-    return np.concatenate([np.arange(lo + k * per_rank, lo + (k + 1) * per_rank) for k in range(steps) for lo, _ in bounds])
+    return np.concatenate([np.arange(lo + k * per_rank, lo + (k + 1) * per_rank)
+                           for k in range(steps) for lo, _ in bounds])
 
 
 @pytest.mark.parametrize(("policy", "tolerance"), [("mixed_bfloat16", 3e-2), ("mixed_float16", 5e-3)],
@@ -107,7 +108,8 @@ def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(policy):
     Xl, yl = mpinb.shard(X, y)
     keras.utils.set_random_seed(4)
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16, activation="relu"),
-                              Spike(np.inf if RANK == SIZE - 1 else 1.0), keras.layers.Dense(4, activation="softmax")])
+                              Spike(np.inf if RANK == SIZE - 1 else 1.0),
+                              keras.layers.Dense(4, activation="softmax")])
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
     scale = float(model.optimizer.initial_scale)
     kernel = model.layers[0].kernel.numpy()  # the same on every rank: built from the same seed

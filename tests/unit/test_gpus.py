@@ -33,7 +33,8 @@ def test_local_rank_follows_rank_order_within_a_host_not_global_rank() -> None:
 
 def test_three_ranks_on_two_gpus_is_an_error_naming_the_host() -> None:
     seen = [("node7", ["0", "1"])] * 3 + [("node8", ["0", "1"])] * 2
-    with pytest.raises(ValueError, match=r"3 ranks on node7 see 2 GPU\(s\) \(CUDA_VISIBLE_DEVICES=0,1\).*share=True"):
+    rule = r"3 ranks on node7 see 2 GPU\(s\) \(CUDA_VISIBLE_DEVICES=0,1\).*share=True"
+    with pytest.raises(ValueError, match=rule):
         gpus.assign(seen)
 
 
