@@ -253,7 +253,9 @@ def _cluster_files(cluster: Any) -> set[str]:
 
 def _launcher_pids(cluster: Any) -> list[int]:
     launchers = [cluster.controller, *cluster.engines.values()]
-    return [pid for pid in (getattr(launcher, "pid", None) for launcher in launchers if launcher is not None) if pid]
+    # A launcher that failed to start says pid -1.
+    return [pid for pid in (getattr(launcher, "pid", None) for launcher in launchers if launcher is not None)
+            if pid and pid > 0]
 
 
 def _engine_keys(client: Any) -> set[Any]:

@@ -131,7 +131,9 @@ class LaunchOptions:
         # owner-only connection files) completes no handshake, so another account on this host or
         # on the network reads nothing and delivers nothing (a bare TCP port on loopback is open to
         # every local user). ipyparallel passes the key to the engines and the client itself.
-        kwargs["controller_args"] = [_CURVE, *kwargs.get("controller_args", ())]
+        # (A controller given the option twice refuses to start: the user's own choice wins.)
+        given = list(kwargs.get("controller_args", ()))
+        kwargs["controller_args"] = given if any("enable_curve" in arg for arg in given) else [_CURVE, *given]
         return ipp.Cluster(engines=engines, n=n, controller_ip=controller_ip, log_level=self.log_level,
                            config=_config(launch, self.config), **kwargs)
 

@@ -6,9 +6,10 @@ write end is in the owner; it reads the PIDs to watch from it (the controller, `
 engines, again after a restart). When the owner says ``stop`` (a clean :meth:`MPICluster.stop`),
 the watchdog just exits. When the pipe ends without ``stop``, or the owner's PID is gone (a forked
 child of the owner could keep the pipe open), the owner has died: the watchdog sends SIGTERM to
-every watched process, its descendants and the members of the sessions they lead, SIGKILL two seconds later to what is left, removes
-the files those processes leave when killed (MPI's shared memory, the launcher's and engines'
-temporary files), runs the commands it was given for that case (``scancel`` of a Slurm job whose engines run on other nodes,
+every watched process, its descendants and the members of the sessions they lead, SIGKILL two
+seconds later to what is left, removes the files those processes leave when killed (MPI's shared
+memory, the launcher's and engines' temporary files, the cluster's files in its profile), runs the
+commands it was given for that case (``scancel`` of a Slurm job whose engines run on other nodes,
 where no PID of this machine reaches them), and exits. It runs in its own session, so a signal to
 the kernel's process group does not reach it.
 """

@@ -34,7 +34,6 @@ for kind, s in socks:
     if kind == zmq.DEALER:
         try:
             s.send(b"AAAAAAAAAA", zmq.NOBLOCK)
-            s.send_multipart([b"AAAAAAAAAA", b"<IDS|MSG>", b"", b"{}", b"{}", b"{}", b"{}"], zmq.NOBLOCK)
         except zmq.Again:
             pass
 poller = zmq.Poller()
@@ -90,12 +89,15 @@ def test_another_account_reaches_no_endpoint_and_the_owner_loses_nothing(cluster
     urls = _listening_urls(cluster2)
     assert len(urls) >= 10, urls
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(psutil.__file__).parents[1])}
-    cluster2.view.execute("import mpinb; print('the owner secret')", block=False)
+    # Output the whole time the stranger listens.
+    printing = cluster2.view.execute("import mpinb, time\nfor _ in range(40): print('the owner secret', flush=True); "
+                                     "time.sleep(0.1)", block=False)
     probe = subprocess.run(["runuser", "-u", "nobody", "--", "python3", "-c", STRANGER], input=json.dumps(urls),
                            capture_output=True, text=True, env=env, cwd="/", timeout=60)
     assert probe.returncode == 0, probe.stderr[-2000:]
     result = json.loads(probe.stdout)
     assert result == {"sockets": 2 * len(urls), "received": 0}, result
+    printing.get(timeout=60)
     # Nothing the stranger sent reached a queue: every engine answers the next request at once.
     replies = [cluster2.client[eid].apply_async(os.getpid) for eid in cluster2.ids_by_rank]
     assert [r.get(timeout=30) for r in replies] == cluster2._engine_pids
