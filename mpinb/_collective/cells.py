@@ -40,6 +40,7 @@ _current = _NONE
 _count = 0  # cells run here without a stamped id
 _listeners: list[Callable[[str, Cell, BaseException | None], None]] = []
 _shell: Any = None
+_FROM_SHELL: Any = object()  # _end's error: the one the shell's last execution result holds
 
 
 def current() -> Cell:
@@ -98,6 +99,7 @@ def install() -> bool:
     shell.ast_transformers.append(EndCheck())
     _run_every_request(shell.kernel)
     _shell = shell
+    _applied_functions_are_cells()
     from mpinb._hidden_frames import install as hide_mpinb_frames
 
     hide_mpinb_frames(shell)  # what a cell shows of an error: the user's frames and the message
@@ -163,6 +165,49 @@ def _run_every_request(kernel: Any) -> None:
     handlers["execute_request"] = execute_request
 
 
+def _applied_functions_are_cells() -> None:
+    """Make every function an engine runs for ``view.apply`` (``apply_async``, ``map``) a cell, as
+    every ``execute`` is: IPython's ``pre_execute``/``post_execute`` events fire for code only, so a
+    function that raised on one rank before a collective left the others waiting until an
+    interrupt, and its collectives were no cell's. The function is wrapped where ipyparallel's
+    engine unpacks it (its ``do_apply`` calls the module's ``unpack_apply_message``): the cell ends,
+    and its collectives are compared, inside the request, so a divergence is the function's error."""
+    try:
+        from ipyparallel.engine import kernel as engine_kernel
+    except ImportError:
+        return
+    unpack = engine_kernel.unpack_apply_message
+    if getattr(unpack, "_mpinb_cells", False):
+        return
+
+    def unpack_apply_message(*args: Any, **kwargs: Any) -> Any:
+        f, f_args, f_kwargs = unpack(*args, **kwargs)
+        return _as_cell(f), f_args, f_kwargs
+
+    unpack_apply_message._mpinb_cells = True  # type: ignore[attr-defined]
+    engine_kernel.unpack_apply_message = unpack_apply_message
+
+
+def _as_cell(f: Callable[..., Any]) -> Callable[..., Any]:
+    def cell(*args: Any, **kwargs: Any) -> Any:
+        if _current is not _NONE:
+            return f(*args, **kwargs)  # applied from inside a cell: that cell's
+        from mpinb._collective import cell_end_check
+
+        _begin()
+        error: BaseException | None = None
+        try:
+            return cell_end_check(f(*args, **kwargs))
+        except BaseException as err:
+            error = err
+            raise
+        finally:
+            _end(error)
+
+    cell.__wrapped__ = f  # type: ignore[attr-defined]
+    return cell
+
+
 def _engine_shell() -> Any:
     try:
         from IPython import get_ipython
@@ -194,13 +239,14 @@ def _begin() -> None:
         listener("begin", cell, None)
 
 
-def _end() -> None:
+def _end(error: Any = _FROM_SHELL) -> None:
     global _current
     cell = _current
     if cell.id == 0:
         return  # the cell that installed the hooks began before them
-    result = getattr(_shell, "last_execution_result", None)
-    error = getattr(result, "error_in_exec", None) if result is not None else None
+    if error is _FROM_SHELL:
+        result = getattr(_shell, "last_execution_result", None)
+        error = getattr(result, "error_in_exec", None) if result is not None else None
     _current = _NONE
     for listener in list(_listeners):
         listener("end", cell, error)

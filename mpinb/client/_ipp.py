@@ -5,7 +5,8 @@ why, and was checked against ipyparallel 9.2.0. The rest of mpinb uses ipyparall
 only (``Cluster``, ``Client``, ``DirectView``, ``client.send_signal``, launchers' ``pid`` and
 ``get_output()``).
 
-- :func:`stamp_cells` wraps ``Client._build_targets`` and ``Client.send_execute_request``:
+- :func:`stamp_cells` wraps ``Client._build_targets``, ``Client.send_execute_request`` and
+  ``send_apply_request`` (and ``ParallelFunction.__call__``, what ``DirectView.map`` runs):
   ipyparallel sends one execute request per engine, each with its own message id, so nothing in a
   request tells an engine which requests to the other engines belong to the same cell. A
   ``DirectView.execute`` call passes one metadata dict to every request it sends; stamping that dict
@@ -38,32 +39,97 @@ _STOP_WAIT = 10.0  # seconds a stopped %%px cell waits for every rank's outcome
 _RELAY_EVERY = 0.25  # seconds between looks at a running cell's notices
 
 def stamp_cells(client: Any) -> None:
-    """Stamp every execute request of one ``execute`` call through ``client`` with one cell id
-    (idempotent). Requests without a shared metadata dict are left alone: the engines count them."""
+    """Stamp every execute and apply request of one call through ``client`` with one cell id
+    (idempotent); a ``DirectView.map`` is one cell too, on the engines that get a part. Requests
+    without a shared metadata dict are left alone: the engines count them."""
     if getattr(client, "_mpinb_stamps_cells", False):
         return
-    send, build = client.send_execute_request, client._build_targets
-    last: dict[str, Any] = {"targets": None, "id": 0}
+    send, send_apply, build = client.send_execute_request, client.send_apply_request, client._build_targets
+    last: dict[str, Any] = {"targets": None, "id": 0, "group": None}
 
     def build_targets(targets: Any) -> Any:
         idents, ids = build(targets)
         last["targets"] = [int(i) for i in ids]
         return idents, ids
 
+    def stamp(metadata: dict | None) -> None:
+        if metadata is None or CELL_KEY in metadata:
+            return
+        group = last["group"]
+        if group is not None:  # one part of a map: the map's cell
+            metadata[CELL_KEY], metadata[TARGETS_KEY] = group
+            return
+        # Increasing, and unique per client: the engines compare cells by id to tell an earlier
+        # cell from a later one.
+        last["id"] = max(time.time_ns(), last["id"] + 1)
+        metadata[CELL_KEY] = last["id"]
+        if last["targets"] is not None:
+            metadata[TARGETS_KEY] = last["targets"]
+
     def send_execute_request(socket: Any, code: str, silent: bool = True, metadata: dict | None = None,
                              ident: Any = None, **kwargs: Any) -> Any:
-        if metadata is not None and CELL_KEY not in metadata:
-            # Increasing, and unique per client: the engines compare cells by id to tell an earlier
-            # cell from a later one.
-            last["id"] = max(time.time_ns(), last["id"] + 1)
-            metadata[CELL_KEY] = last["id"]
-            if last["targets"] is not None:
-                metadata[TARGETS_KEY] = last["targets"]
+        stamp(metadata)
         return send(socket, code, silent=silent, metadata=metadata, ident=ident, **kwargs)
+
+    def send_apply_request(*args: Any, **kwargs: Any) -> Any:
+        stamp(kwargs.get("metadata"))
+        return send_apply(*args, **kwargs)
+
+    def map_group(targets: list[int]) -> Any:
+        last["id"] = max(time.time_ns(), last["id"] + 1)
+        return _Group(last, (last["id"], targets))
 
     client._build_targets = build_targets
     client.send_execute_request = send_execute_request
+    client.send_apply_request = send_apply_request
+    client._mpinb_map_group = map_group
     client._mpinb_stamps_cells = True
+    _maps_are_cells()
+
+
+class _Group:
+    """While a map sends its parts, every request is stamped with the map's cell."""
+
+    def __init__(self, last: dict[str, Any], stamp: tuple[int, list[int]]) -> None:
+        self.last, self.stamp = last, stamp
+
+    def __enter__(self) -> None:
+        self.last["group"] = self.stamp
+
+    def __exit__(self, *exc: Any) -> None:
+        self.last["group"] = None
+
+
+def _maps_are_cells() -> None:
+    """Wrap ``ParallelFunction.__call__`` (what ``DirectView.map`` runs; idempotent): it sends one
+    ``apply`` per engine, each of its own, so without this every part of one map would be a cell
+    sent to one engine only, and a collective in the mapped function would be refused."""
+    from ipyparallel.client.remotefunction import ParallelFunction
+
+    call = ParallelFunction.__call__
+    if getattr(call, "_mpinb_cells", False):
+        return
+
+    def __call__(self: Any, *sequences: Any, **kwargs: Any) -> Any:
+        view = self.view
+        group = getattr(view.client, "_mpinb_map_group", None)
+        if group is None or "Balanced" in type(view).__name__:
+            return call(self, *sequences, **kwargs)
+        targets = view.targets
+        ids = view.client._build_targets(targets)[1] if targets == "all" else (
+            [targets] if isinstance(targets, int) else list(targets))
+        length = max((len(seq) for seq in sequences if hasattr(seq, "__len__")), default=0)
+        if length == 0 or not all(hasattr(seq, "__len__") for seq in sequences):
+            return call(self, *sequences, **kwargs)  # as ipyparallel: an empty map, or iterators
+        # The engines that get a non-empty part, as ipyparallel splits the sequences.
+        everything = list(range(length))
+        getting = [int(t) for i, t in enumerate(ids)
+                   if len(self.mapObject.getPartition(everything, i, len(ids), length))]
+        with group(getting):
+            return call(self, *sequences, **kwargs)
+
+    __call__._mpinb_cells = True  # type: ignore[attr-defined]
+    ParallelFunction.__call__ = __call__
 
 
 def px_magics(shell: Any, view: Any, deaths: Callable[[], str | None] | None = None) -> Any:

@@ -379,6 +379,55 @@ def test_a_cell_sent_right_after_the_stop_button_runs_on_every_rank(engines: Eng
     engines.recovered(marker)
 
 
+def _fails_on_rank_1_before_a_collective() -> tuple[str, str, float]:
+    import time
+
+    import numpy as np
+
+    import mpinb
+
+    began = time.time()
+    if mpinb.world().rank == 1:
+        raise ZeroDivisionError("rank 1 failed first")
+    try:
+        mpinb.allreduce([np.ones(1)])
+    except Exception as err:  # noqa: BLE001 - what the others were told
+        return type(err).__name__, str(err), time.time() - began
+    return "nothing", "", time.time() - began
+
+
+def _sum_of_ranks(*_: object) -> float:
+    import numpy as np
+
+    import mpinb
+
+    return float(mpinb.allreduce([np.full(1, mpinb.world().rank + 1.0)])[0][0])
+
+
+# Sent by value (ipyparallel pickles functions of other modules by reference).
+_fails_on_rank_1_before_a_collective.__module__ = _sum_of_ranks.__module__ = "__main__"
+
+
+def test_a_function_sent_with_apply_is_a_cell(engines: Engines) -> None:
+    """A function that raises on rank 1 before a collective the others entered ends their wait at
+    once, naming rank 1; the next apply, and a map, pair with each other on every rank."""
+    view = engines.cluster.view
+    results = view.apply_async(_fails_on_rank_1_before_a_collective).get(timeout=HANG, return_exceptions=True)
+    by_rank = dict(zip(engines.cluster.ids_by_rank, range(engines.n), strict=True))
+    for engine, result in zip(view.targets if isinstance(view.targets, list) else engines.cluster.client.ids,
+                              results, strict=True):
+        rank = by_rank[engine]
+        if rank == 1:
+            assert "ZeroDivisionError" in repr(result), result
+            continue
+        assert not isinstance(result, Exception), f"rank {rank}: {result!r} {getattr(result, 'traceback', '')}"
+        name, message, waited = result
+        assert name == "CollectiveAbandoned" and "rank 1 ended its cell (raised ZeroDivisionError" in message, result
+        assert waited < PROMPT, f"rank {rank} waited {waited:.1f} s"
+    assert view.apply_async(_sum_of_ranks).get(timeout=HANG) == [engines.expected] * engines.n
+    assert view.map_sync(_sum_of_ranks, range(engines.n)) == [engines.expected] * engines.n
+
+
 def test_the_stop_button_shows_every_ranks_error(engines: Engines) -> None:
     """A blocking %%px in a real IPython shell, interrupted as the Stop button does (SIGINT to the
     kernel): the engines are signalled, and the cell raises every rank's error, grouped."""

@@ -197,6 +197,15 @@ class _FakeClient:
     def send_execute_request(self, socket, code, silent=True, metadata=None, ident=None):
         self.sent.append(dict(metadata or {}))
 
+    def send_apply_request(self, socket, f, args=None, kwargs=None, metadata=None, track=False, ident=None):
+        self.sent.append(dict(metadata or {}))
+
+    def apply(self, targets):  # what DirectView.apply does: one metadata dict too
+        idents, _ = self._build_targets(targets)
+        metadata = {"label": None}
+        for ident in idents:
+            self.send_apply_request(None, print, [], {}, metadata=metadata, ident=ident)
+
     def execute(self, targets):  # what DirectView.execute does: one metadata dict for every engine
         idents, _ = self._build_targets(targets)
         metadata = {"label": None}
@@ -215,6 +224,26 @@ def test_one_execute_call_stamps_one_cell_id_and_its_targets() -> None:
     assert second[0][TARGETS_KEY] == [0] and second[0][CELL_KEY] > first[0][CELL_KEY]
     client.send_execute_request(None, "y = 2")  # no shared dict: left for the engines to count
     assert CELL_KEY not in client.sent[-1]
+    client.apply([2, 0])  # an apply is a cell too
+    applied = client.sent[-2:]
+    assert len({m[CELL_KEY] for m in applied}) == 1 and all(m[TARGETS_KEY] == [2, 0] for m in applied)
+    assert applied[0][CELL_KEY] > second[0][CELL_KEY]
+
+
+def test_an_applied_function_runs_as_a_cell_and_ends_it_with_its_error() -> None:
+    from mpinb._collective import cells
+
+    seen: list[tuple[str, int, object]] = []
+    cells.on_cell(lambda event, cell, error: seen.append((event, cell.id, error)))
+    try:
+        assert cells._as_cell(lambda a, b=1: (cells.current().id, a + b))(1, b=2)[1] == 3
+        assert [event for event, *_ in seen] == ["begin", "end"] and seen[0][1] > 0 and seen[1][2] is None
+        with pytest.raises(ZeroDivisionError):
+            cells._as_cell(lambda: 1 / 0)()
+        assert seen[-1][0] == "end" and isinstance(seen[-1][2], ZeroDivisionError)
+        assert cells.current().id == 0
+    finally:
+        cells._listeners.pop()
 
 
 def test_the_first_engine_to_end_is_the_one_named_with_mpis_signal() -> None:
