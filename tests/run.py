@@ -23,7 +23,9 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
                  step against one process, owner killed, ``mpinb info --slurm``; needs root and
                  Debian's Slurm packages, and skips in one line without them;
 - ``notebooks``  the tutorial notebooks executed on real clusters, with assertions on their values;
-- ``browser``    a tutorial notebook run to the end in JupyterLab in headless Chromium.
+- ``browser``    a tutorial notebook run to the end in JupyterLab in headless Chromium;
+- ``docs``       ``sphinx-build -W --keep-going -n`` of ``docs/`` (no warning, every reference resolved,
+                 notebooks not executed), then the index, an API page and a tutorial opened in Chromium.
 
 Afterwards it checks that no process started by the tests is still running, and prints one closing
 line ``N passed, N failed, N skipped``. Options: ``--tier NAME`` (repeatable), ``-k EXPR``, ``--np 2,4``.
@@ -49,13 +51,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
-TIERS = ("unit", "model", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser")
+TIERS = ("unit", "model", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser", "docs")
 MPI_SIZES = (1, 2, 3, 4)
 # Hard limits: a hung collective ends the run instead of eating CI's budget (each test also has its
 # own PER_TEST_TIMEOUT). The 4-rank MPI tier takes about 470 s on an idle 2-core machine and the
 # cluster tier about 470 s, so 600 s left no room for a slower CI host: they get 900 s.
 TIER_TIMEOUT = {"unit": 600, "model": 600, "mpi": 900, "cluster": 900, "multihost": 300, "slurm": 300, "notebooks": 900,
-                "browser": 300}
+                "browser": 300, "docs": 300}
 PER_TEST_TIMEOUT = 180
 
 
