@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 
 from mpinb._checks import integer_bound, is_int
+from mpinb._digest import digest
 
 __all__ = [
-    "NOT_MINE", "Accepts", "Callables", "Exactly", "Flag", "Instance", "Integer", "Invalid", "Options",
-    "Real", "Rule", "Seed", "check_parameters",
+    "NOT_MINE", "Accepts", "Callables", "Exactly", "Flag", "Fraction", "Instance", "Integer", "Invalid",
+    "Options", "Real", "Rule", "Seed", "check_parameters", "describe",
 ]
 
 NOT_MINE = object()  # what a rule returns for a value of another kind
@@ -90,6 +91,20 @@ class Real(Rule):
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
             return NOT_MINE
         if not (value >= self.minimum and not math.isinf(value)):  # NaN fails the first test
+            raise Invalid()
+        return float(value)
+
+
+class Fraction(Rule):
+    """A real number that is not an integer, strictly between 0 and 1 (a share, such as a
+    fraction of the variance), converted to ``float``."""
+
+    description = "a number strictly between 0 and 1"
+
+    def take(self, value: Any) -> Any:
+        if not isinstance(value, numbers.Real) or isinstance(value, (bool, numbers.Integral)):
+            return NOT_MINE
+        if not 0 < value < 1:  # NaN fails too
             raise Invalid()
         return float(value)
 
@@ -174,3 +189,18 @@ class Accepts:
 def check_parameters(est: Any, constraints: Mapping[str, Accepts]) -> dict[str, Any]:
     """Each constrained parameter of ``est`` checked and converted, in the table's order. Local."""
     return {name: accepts.check(name, getattr(est, name)) for name, accepts in constraints.items()}
+
+
+def describe(value: Any) -> Any:
+    """A description of a checked parameter value that is equal on two ranks exactly when the
+    values are (for :func:`mpinb.check_same`): arrays and generators by digest, functions by
+    name, everything else as it is. Local."""
+    if isinstance(value, np.random.RandomState):
+        return ("RandomState", digest(value))
+    if callable(value):
+        # Functions cannot be compared across processes; their names can.
+        name = getattr(value, "__qualname__", type(value).__qualname__)
+        return ("callable", getattr(value, "__module__", None), name)
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape, digest(value))
+    return value

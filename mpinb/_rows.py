@@ -2,12 +2,15 @@
 
 The rows of a data set are held in rank order, ``counts[r]`` of them on rank ``r``: a global row
 index names one row wherever it is, and every rank can tell which rank holds it from the counts
-alone (:class:`Layout`). A :class:`Shard` is this rank's rows with the global facts every step of
-a fit needs -- rows and weight per rank, the mean and per-feature variance, the largest squared
-norm -- identical on every rank. Random choices made by global row index, and rows gathered by
-index (:meth:`Layout.rows`), make an estimator's result independent of the number of ranks.
+alone (:class:`Layout`), as it can tell which rank holds a point of any cumulative per-rank total,
+such as the weights (:func:`owners`). A :class:`Shard` is this rank's rows with the global facts
+every estimator may need -- rows, weight and rows of positive weight per rank, the output dtype --
+identical on every rank; an estimator extends it with its own summary (k-means:
+:class:`mpinb.kmeans._shard.KMeansShard`). Random choices made by global row index, and rows
+gathered by index (:meth:`Layout.rows`), make an estimator's result independent of the number of
+ranks.
 
-Private: estimators build on it (:mod:`mpinb.kmeans`); collective unless a function says local.
+Private; collective unless a function says local.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 
 from mpinb import _collective
 
-__all__ = ["Layout", "Shard", "Totals", "gather_chosen_rows", "spans"]
+__all__ = ["Layout", "Shard", "Totals", "gather_chosen_rows", "owners", "spans"]
 
 
 def spans(ends: np.ndarray, points: np.ndarray) -> np.ndarray:
@@ -27,6 +30,20 @@ def spans(ends: np.ndarray, points: np.ndarray) -> np.ndarray:
     (``len(ends)`` past the end). Local. With ``ends = cumsum(rows per rank)`` it is the rank
     that holds each global row; with cumulative weights, the rank or row a weighted draw lands on."""
     return np.searchsorted(ends, points, side="right")
+
+
+def owners(ends: np.ndarray, points: np.ndarray, eligible: np.ndarray, side: str = "right") -> np.ndarray:
+    """The rank that holds each point of a cumulative per-rank total (``ends``, in rank order).
+    Local.
+
+    Only ``eligible`` ranks (a mask: those with rows, or with weight) hold points: each point goes
+    to the first eligible rank whose end is past it (``side`` as in ``np.searchsorted``: "right"
+    for ``end > point``, "left" for ``end >= point``), and a point past the end -- round-off of a
+    draw on the total -- to the last eligible rank.
+    """
+    ranks = np.flatnonzero(eligible)
+    at = np.searchsorted(ends[ranks], points, side=side)
+    return ranks[np.minimum(at, ranks.size - 1)]
 
 
 class Layout:
@@ -46,13 +63,20 @@ class Layout:
         """The rank that holds each global row of ``index``."""
         return spans(self.ends, index)
 
+    def mine(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which global rows of ``index`` this rank holds: their positions in ``index`` and their
+        local row indices."""
+        # offset <= g < offset + n_local as one unsigned comparison: a row below wraps to a huge value.
+        off = np.asarray(index, dtype=np.int64) - self.offset
+        at = np.flatnonzero(off.view(np.uint64) < np.uint64(self.counts[self.rank]))
+        return at, off[at]
+
     def rows(
         self, X: np.ndarray, weights: np.ndarray | None, index: np.ndarray, dtype: Any, *, name: str
     ) -> tuple[np.ndarray, np.ndarray]:
         """Rows ``index`` (global, in that order, repeats allowed) and their weights, on every
         rank. Collective: one allgather of only those rows, named ``name``."""
-        mine = np.flatnonzero(self.owner(index) == self.rank)
-        local = index[mine] - self.offset
+        mine, local = self.mine(index)
         return gather_chosen_rows(X, weights, mine, local, index.size, dtype, self.comm, name)
 
 
@@ -106,17 +130,13 @@ def _from_layout(name: str) -> Any:
 
 @dataclass
 class Shard:
-    """This rank's rows and the global facts every step needs (identical on all ranks)."""
+    """This rank's rows and the global facts about all ranks' rows (identical on all ranks)."""
 
     X: np.ndarray
     weights: np.ndarray | None  # None means unit weights, without an n-row array of ones
     layout: Layout
     weight_sums: np.ndarray  # weight per rank
     positive: np.ndarray  # rows with positive weight per rank
-    mean: np.ndarray  # global unweighted mean, the centring point
-    variance: np.ndarray  # global unweighted variance of each feature
-    max_sq_norm: float  # max over all rows of |x - mean|^2
-    sq_norm_total: float  # sum over all rows of weight * |x - mean|^2
     out_dtype: np.dtype  # float32 only when every rank passed float32 rows
     name: str  # the estimator's method, which names the collectives in errors and timeouts
 
@@ -137,41 +157,17 @@ class Shard:
             return np.ones(e - s)
         return self.weights[s:e]
 
-    @classmethod
-    def build(
-        cls, X: np.ndarray, weights: np.ndarray | None, local_sum: np.ndarray, totals: Totals, *, passes: Any,
-        comm: Any, name: str,
-    ) -> Shard:
-        """The summary of the rows ``totals`` counted: a pass over the shard and two small
-        collectives (mean, then variance and norms). ``local_sum`` holds this rank's float64 column
-        sums; ``passes`` is the executor of the row passes (its ``centred_stats``), chosen from
-        global sizes so every rank takes the same one."""
-        d = X.shape[1]
-        total = totals.n_total
-        sums = local_sum.copy()
-        _collective.reduce_in_place([sums], comm=comm, name=f"{name}'s mean")
-        mean = sums / total
-        # Second pass, centred: per-feature variance, the largest squared norm (an overflow guard)
-        # and the weighted total (from which an iteration's inertia follows without another pass).
-        stats = np.zeros(d + 1)
-        biggest = np.zeros(1)
-        unit = weights is None
-        biggest[0] = passes.centred_stats(X, mean, _NO_WEIGHTS if unit else weights, not unit, stats)
-        _collective.reduce_in_place([stats, biggest], ["sum", "max"], comm=comm, name=f"{name}'s variance")
-        return cls(
+    @staticmethod
+    def facts(
+        X: np.ndarray, weights: np.ndarray | None, totals: Totals, *, comm: Any, name: str
+    ) -> dict[str, Any]:
+        """The fields of a :class:`Shard` (or of an estimator's subclass) from ``totals``. Local."""
+        return dict(
             X=X,
             weights=weights,
             layout=Layout(totals.counts, comm),
             weight_sums=totals.weight_sums,
             positive=totals.positive,
-            mean=mean,
-            variance=stats[:d] / total,
-            max_sq_norm=float(biggest[0]),
-            sq_norm_total=float(stats[d]),
             out_dtype=np.dtype(np.float32) if totals.all_float32 else np.dtype(np.float64),
             name=name,
         )
-
-
-# Stands in for unit weights in the executors' passes (which take a flag instead of None).
-_NO_WEIGHTS = np.empty(0)

@@ -19,15 +19,16 @@ from mpinb import _collective
 from mpinb._checks import default_comm
 from mpinb._constraints import (
     NOT_MINE, Accepts, Callables, Exactly, Instance, Integer, Invalid, Options, Real, Rule, Seed,
-    check_parameters,
+    check_parameters, describe,
 )
-from mpinb._digest import digest
-from mpinb._rows import Layout, Shard
-from mpinb.agreement import check_same, raise_together
+from mpinb._estimator import agree
+from mpinb._inputs import as_data, as_weights, check_width, raise_nonfinite
+from mpinb._rows import Layout
+from mpinb.agreement import raise_together
 from mpinb.kmeans._distances import column_sums
-from mpinb.kmeans._fitted import FittedCentres, as_data, as_weights, raise_nonfinite
+from mpinb.kmeans._fitted import FittedCentres
 from mpinb.kmeans._init import resolve_random_state
-from mpinb.kmeans._shard import kmeans_shard
+from mpinb.kmeans._shard import KMeansShard, kmeans_shard
 
 __all__ = ["KMeansBase", "KMeansParams", "Start"]
 
@@ -64,15 +65,7 @@ class KMeansParams:
     def describe(self) -> tuple[Any, ...]:
         """A description that is equal on two ranks exactly when their parameters are (for
         ``check_same``): arrays and generators by digest, functions by name."""
-        out = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "init":
-                value = _describe_init(value)
-            elif isinstance(value, np.random.RandomState):
-                value = ("RandomState", digest(value))
-            out.append((f.name, value))
-        return tuple(out)
+        return tuple((f.name, describe(getattr(self, f.name))) for f in fields(self))
 
 
 @dataclass
@@ -83,12 +76,12 @@ class Start:
     params: Any  # the estimator's _Params
     X: np.ndarray
     weights: np.ndarray | None
-    data: Shard | None  # None when resuming a fitted model (partial_fit)
+    data: KMeansShard | None  # None when resuming a fitted model (partial_fit)
     layout: Layout
     rng: np.random.RandomState
 
     @property
-    def shard(self) -> Shard:
+    def shard(self) -> KMeansShard:
         """The summarised shard of a fit that starts afresh (not a resumed ``partial_fit``)."""
         assert self.data is not None, "a resumed partial_fit has no summarised shard"
         return self.data
@@ -150,17 +143,14 @@ class KMeansBase(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
         with raise_together(comm=comm):
             params = self._validated_params()
             X, weights, local_sum = checked_rows(X_local, sample_weight, None if fitted else params)
-            if fitted and X.shape[1] != self.n_features_in_:
-                raise ValueError(
-                    f"X_local has {X.shape[1]} features, but {name} was fitted with "
-                    f"{self.n_features_in_} features."
-                )
-        check_same(params.describe(), f"the {name} configuration", comm=comm)
+            if fitted:
+                check_width(X, self.n_features_in_, self, "X_local")
+        # A resumed fit has checked the width against the fitted model's on every rank.
+        agree(params.describe(), None if fitted else X.shape[1], name, comm=comm)
         data = None
         if fitted:
             layout = Layout(_rows_per_rank(X, comm, method), comm)
         else:
-            check_same(X.shape[1], "the number of features (columns of X_local)", comm=comm)
             data = kmeans_shard(
                 X, weights, local_sum, n_clusters=params.n_clusters, init=params.init, comm=comm, name=method
             )
@@ -194,7 +184,7 @@ def checked_rows(
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """This rank's rows, weights and float64 column sums, or the local error (run it inside
     ``raise_together``); with ``params``, an array ``init`` is checked against the rows' width."""
-    X = as_data(X_local)
+    X = as_data(X_local, "k-means")
     weights = as_weights(sample_weight, X.shape[0])
     k, init = (1, None) if params is None else (params.n_clusters, params.init)
     if isinstance(init, np.ndarray) and init.shape != (k, X.shape[1]):
@@ -217,13 +207,3 @@ def _rows_per_rank(X: np.ndarray, comm: Any, method: str) -> np.ndarray:
     if counts.sum() == 0:
         raise ValueError("partial_fit got 0 rows on every rank; pass at least one row on some rank.")
     return counts
-
-
-def _describe_init(init: Any) -> Any:
-    if callable(init):
-        # Functions cannot be compared across processes; their names can.
-        name = getattr(init, "__qualname__", type(init).__qualname__)
-        return ("callable", getattr(init, "__module__", None), name)
-    if not isinstance(init, str):
-        return ("array", init.shape, digest(init))
-    return init

@@ -13,11 +13,11 @@ from typing import Any, Callable
 import numpy as np
 
 from mpinb import _collective
-from mpinb._rows import Shard
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._distances import NO_WEIGHTS, local_inertia, nearest
 from mpinb.kmeans._kernels import kernels
 from mpinb.kmeans._sampling import Sampler
+from mpinb.kmeans._shard import KMeansShard
 from mpinb.live import Progress
 
 __all__ = ["BatchRun", "State", "Step", "labels_inertia", "minibatches", "one_step"]
@@ -53,7 +53,7 @@ class BatchRun:
 
 
 def minibatches(
-    data: Shard, sampler: Sampler, centers: np.ndarray, state: State, params: Any, tol: float,
+    data: KMeansShard, sampler: Sampler, centers: np.ndarray, state: State, params: Any, tol: float,
     rng: np.random.RandomState, stop: StopFlag, hook: Callable[[dict[str, Any]], None] | None,
 ) -> BatchRun:
     """scikit-learn's loop of ``MiniBatchKMeans.fit`` over distributed rows, one Allreduce per

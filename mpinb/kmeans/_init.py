@@ -8,12 +8,12 @@ from typing import Any, Callable
 import numpy as np
 
 from mpinb import _collective
-from mpinb._rows import Shard
+from mpinb._rows import owners
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._distances import BLOCK_ELEMENTS, NO_WEIGHTS, sq_distances
 from mpinb.kmeans._kernels import SUM_ELEMENTS, chunk_rows, chunks, kernels
 from mpinb.kmeans._lloyd import lloyd
-from mpinb.kmeans._shard import kmeans_shard, relative_tol
+from mpinb.kmeans._shard import KMeansShard, kmeans_shard, relative_tol
 
 __all__ = ["callable_result", "initial_centers", "kmeans_plusplus", "resolve_random_state"]
 
@@ -38,7 +38,7 @@ def resolve_random_state(random_state: Any, comm: Any, name: str) -> np.random.R
 
 
 def initial_centers(
-    data: Shard, init: Any, k: int, rng: np.random.RandomState, stop: StopFlag | None
+    data: KMeansShard, init: Any, k: int, rng: np.random.RandomState, stop: StopFlag | None
 ) -> np.ndarray:
     """Centred initial centres (k, n_features), identical on every rank. Collective."""
     if callable(init):
@@ -52,7 +52,9 @@ def initial_centers(
     return _kmeans_parallel(data, k, rng, stop)
 
 
-def _from_callable(data: Shard, init: Callable[..., Any], k: int, rng: np.random.RandomState) -> np.ndarray:
+def _from_callable(
+    data: KMeansShard, init: Callable[..., Any], k: int, rng: np.random.RandomState
+) -> np.ndarray:
     """``init(X_local, k, random_state=rng)`` on every rank, checked to agree. Collective.
 
     Each rank passes a read-only view of its own shard (raw coordinates, as given) and the
@@ -124,7 +126,9 @@ def callable_result(result: Any, k: int, d: int) -> np.ndarray:
     return arr
 
 
-def kmeans_plusplus(data: Shard, k: int, rng: np.random.RandomState, stop: StopFlag | None) -> np.ndarray:
+def kmeans_plusplus(
+    data: KMeansShard, k: int, rng: np.random.RandomState, stop: StopFlag | None
+) -> np.ndarray:
     """scikit-learn's greedy k-means++ (``2 + log k`` trials per centre) over distributed rows.
 
     Every rank draws the same random numbers, in the same order as scikit-learn; each draw is a
@@ -169,7 +173,7 @@ def kmeans_plusplus(data: Shard, k: int, rng: np.random.RandomState, stop: StopF
     return centers
 
 
-def _random_rows(data: Shard, k: int, rng: np.random.RandomState) -> np.ndarray:
+def _random_rows(data: KMeansShard, k: int, rng: np.random.RandomState) -> np.ndarray:
     """``RandomState.choice(n, k, replace=False, p=w / w.sum())`` over distributed rows.
 
     The same rounds as NumPy: draw the missing number of points, drop repeats, zero the weight of
@@ -183,7 +187,7 @@ def _random_rows(data: Shard, k: int, rng: np.random.RandomState) -> np.ndarray:
         draws = rng.rand(k - found_idx.size)
         owners = data.layout.owner(found_idx)
         totals = data.weight_sums - np.bincount(owners, weights=found_w, minlength=data.size)
-        local = found_idx[(found_idx >= data.offset) & (found_idx < data.offset + data.n_local)] - data.offset
+        _, local = data.layout.mine(found_idx)
 
         def values(s: int, e: int) -> np.ndarray:
             w = data.weight_slice(s, e).copy()
@@ -201,7 +205,9 @@ def _random_rows(data: Shard, k: int, rng: np.random.RandomState) -> np.ndarray:
     return found_rows
 
 
-def _kmeans_parallel(data: Shard, k: int, rng: np.random.RandomState, stop: StopFlag | None) -> np.ndarray:
+def _kmeans_parallel(
+    data: KMeansShard, k: int, rng: np.random.RandomState, stop: StopFlag | None
+) -> np.ndarray:
     """k-means|| (Bahmani et al.): ``2k`` expected candidates per round for 5 rounds, weighted by
     the points closest to each, then reclustered on rank 0 by weighted k-means++ and Lloyd.
 
@@ -270,7 +276,7 @@ def _recluster(candidates: np.ndarray, weights: np.ndarray, k: int, seed: int, n
 
 
 def _pick(
-    data: Shard,
+    data: KMeansShard,
     values: Callable[[int, int], np.ndarray],
     rank_totals: np.ndarray,
     thresholds: np.ndarray,
@@ -286,9 +292,7 @@ def _pick(
     m = thresholds.size
     ends = np.cumsum(rank_totals)
     starts = ends - rank_totals
-    with_rows = np.flatnonzero(data.counts > 0)
-    past = ends[with_rows] >= thresholds[:, None] if side == "left" else ends[with_rows] > thresholds[:, None]
-    owner = np.where(past.any(axis=1), with_rows[np.argmax(past, axis=1)], with_rows[-1])
+    owner = owners(ends, thresholds, data.counts > 0, side)
     out = np.zeros((m, d + 2))
     mine = np.flatnonzero(owner == data.rank)
     if mine.size:
@@ -315,13 +319,13 @@ def _pick(
     return out[:, :d], out[:, d:]
 
 
-def _weighted_values(data: Shard, closest: np.ndarray) -> Callable[[int, int], np.ndarray]:
+def _weighted_values(data: KMeansShard, closest: np.ndarray) -> Callable[[int, int], np.ndarray]:
     if data.weights is None:
         return lambda s, e: closest[s:e]
     return lambda s, e: data.weights[s:e] * closest[s:e]
 
 
-def _weighted_sum(data: Shard, closest: np.ndarray) -> float:
+def _weighted_sum(data: KMeansShard, closest: np.ndarray) -> float:
     if data.weights is None:
         return float(closest.sum(dtype=np.float64))
     total = 0.0
@@ -330,14 +334,16 @@ def _weighted_sum(data: Shard, closest: np.ndarray) -> float:
     return total
 
 
-def _gather_pots(data: Shard, pots: np.ndarray, stop: StopFlag | None) -> np.ndarray:
+def _gather_pots(data: KMeansShard, pots: np.ndarray, stop: StopFlag | None) -> np.ndarray:
     """Each rank's potentials (size, len(pots)); a stop rides in the same allgather's arrival."""
     rows = _collective.allgather(pots, comm=data.comm, name=f"{data.name}'s k-means++ potentials", stop=stop,
                                  where=f"mpinb.{data.name} (k-means++ initialisation)")
     return np.array(rows)
 
 
-def _min_distances(data: Shard, points: np.ndarray, visit: Callable[[int, int, np.ndarray], None]) -> None:
+def _min_distances(
+    data: KMeansShard, points: np.ndarray, visit: Callable[[int, int, np.ndarray], None]
+) -> None:
     """Call ``visit(s, e, dist)`` with the squared distances (len(points), e - s) of each chunk."""
     d = data.X.shape[1]
     # Both the centred copy of the chunk (d columns) and its distance block (one row per point)
@@ -349,7 +355,7 @@ def _min_distances(data: Shard, points: np.ndarray, visit: Callable[[int, int, n
 
 
 def _update_nearest(
-    data: Shard, points: np.ndarray, first: int, closest: np.ndarray, nearest: np.ndarray
+    data: KMeansShard, points: np.ndarray, first: int, closest: np.ndarray, nearest: np.ndarray
 ) -> None:
     def visit(s: int, e: int, dist: np.ndarray) -> None:
         best = dist.argmin(axis=0)

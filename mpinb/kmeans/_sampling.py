@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpinb import _collective, _rows
-from mpinb._rows import Shard, spans
+from mpinb._rows import Shard, owners, spans
 
 __all__ = ["Draws", "Sampler", "any_weighted"]
 
@@ -49,7 +49,7 @@ class Sampler:
             w = data.weights if data.weights is not None else np.ones(data.n_local)
             self.w_ends = np.cumsum(data.weight_sums)
             self.total = float(self.w_ends[-1])
-            self.last_rank = int(np.flatnonzero(data.weight_sums > 0)[-1])
+            self.has_weight = data.weight_sums > 0
             start = float(self.w_ends[data.rank] - data.weight_sums[data.rank])
             self.cum = start + np.cumsum(w)
             positive = np.flatnonzero(w > 0)
@@ -63,10 +63,8 @@ class Sampler:
                 if self.everything is None or self.everything.size != g.size:
                     self.everything = np.arange(g.size)
                 return Draws(g, self.everything, g)
-            # lo <= g < hi as one unsigned comparison: a row below lo wraps to a huge offset.
-            off = g - self.lo
-            mine = np.flatnonzero(off.view(np.uint64) < self.hi - self.lo)
-            return Draws(g, mine, off[mine])
+            mine, local = self.data.layout.mine(g)
+            return Draws(g, mine, local)
         t = u * self.total
         mine = np.flatnonzero(self._owner(t) == self.data.rank)
         local = spans(self.cum, t[mine])
@@ -86,5 +84,4 @@ class Sampler:
     def _owner(self, t: np.ndarray) -> np.ndarray:
         """The rank whose span of the cumulative weights holds each point (never a rank of zero
         weight; round-off past the end goes to the last rank with weight)."""
-        owner = spans(self.w_ends, t)
-        return np.minimum(owner, self.last_rank, out=owner)
+        return owners(self.w_ends, t, self.has_weight)

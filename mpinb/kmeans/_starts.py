@@ -13,11 +13,10 @@ import numpy as np
 
 from mpinb import _collective
 from mpinb._digest import digest
-from mpinb._rows import Shard
 from mpinb.agreement import check_same, raise_together
 from mpinb.kmeans._distances import local_inertia, nearest
 from mpinb.kmeans._init import callable_result, initial_centers
-from mpinb.kmeans._shard import kmeans_shard
+from mpinb.kmeans._shard import KMeansShard, kmeans_shard
 
 __all__ = ["best_start", "sample_sizes", "start_from_sample"]
 
@@ -42,7 +41,7 @@ def sample_sizes(params: Any, n: int) -> tuple[int, int]:
     return batch, min(init_size, n)
 
 
-def best_start(data: Shard, params: Any, rng: np.random.RandomState, init_size: int) -> np.ndarray:
+def best_start(data: KMeansShard, params: Any, rng: np.random.RandomState, init_size: int) -> np.ndarray:
     """scikit-learn's initialisation of ``fit``: a validation sample, then ``n_init`` starts,
     each from its own ``init_size`` sample, compared by their inertia on the validation sample
     (one Allreduce for all of them; skipped for a single start unless ``verbose`` reports it)."""
@@ -57,7 +56,7 @@ def best_start(data: Shard, params: Any, rng: np.random.RandomState, init_size: 
         starts.append(start_from_sample(data, idx, params, rng))
     if len(starts) == 1 and not params.verbose:
         return starts[0]
-    local = validation[data.layout.owner(validation) == data.rank] - data.offset
+    _, local = data.layout.mine(validation)
     rows = data.X[local]
     w = None if data.weights is None else data.weights[local]
     inertias = np.array([local_inertia(rows, w, c, nearest(rows, c)) for c in starts])
@@ -68,7 +67,7 @@ def best_start(data: Shard, params: Any, rng: np.random.RandomState, init_size: 
 
 
 def start_from_sample(
-    data: Shard, idx: np.ndarray | None, params: Any, rng: np.random.RandomState
+    data: KMeansShard, idx: np.ndarray | None, params: Any, rng: np.random.RandomState
 ) -> np.ndarray:
     """Initial centres (float64, raw coordinates) chosen from the global rows ``idx`` (all rows
     when ``None``), which are gathered to every rank; identical on every rank."""

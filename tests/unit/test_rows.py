@@ -1,5 +1,5 @@
-"""mpinb._rows, rows spread over ranks, on one process: which rank holds a global row, gathering
-rows by index, and a shard's summary."""
+"""mpinb._rows, rows spread over ranks, on one process: which rank holds a global row or a point
+of a cumulative total, gathering rows by index, and k-means's summary of a shard."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpinb._rows import Layout, Shard, Totals, spans
+from mpinb._rows import Layout, Shard, Totals, owners, spans
 from mpinb.kmeans._kernels import NUMPY
+from mpinb.kmeans._shard import KMeansShard
 
 SELF = MPI.COMM_SELF
 
@@ -37,6 +38,33 @@ def test_owner_is_the_rank_whose_rows_hold_the_index() -> None:
     np.testing.assert_array_equal(spans(np.array([1.0, 3.0]), np.array([0.0, 1.0, 2.9, 3.0])), [0, 1, 1, 2])
 
 
+def test_mine_is_this_ranks_positions_and_local_rows() -> None:
+    counts = np.array([3, 0, 2, 4])
+    index = np.array([8, 0, 3, 4, 2, 5, 3])
+    by_rank = np.repeat(np.arange(counts.size), counts)
+    for rank in range(counts.size):
+        layout = Layout(counts, FakeComm(rank, counts.size))
+        at, local = layout.mine(index)
+        np.testing.assert_array_equal(at, np.flatnonzero(by_rank[index] == rank))
+        np.testing.assert_array_equal(local, index[at] - layout.offset)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_owners_of_points_on_cumulative_totals(side: str) -> None:
+    totals = np.array([2.0, 0.0, 3.0, 1.0, 0.0])
+    ends = np.cumsum(totals)  # [2, 2, 5, 6, 6]
+    points = np.array([0.0, 1.9, 2.0, 4.99, 5.0, 5.5, 6.0, 7.0])
+    eligible = totals > 0
+    got = owners(ends, points, eligible, side)
+    # The first eligible rank whose end is past the point (>= for "left"); past the end, the last.
+    for p, r in zip(points, got):
+        past = [q for q in np.flatnonzero(eligible) if (ends[q] >= p if side == "left" else ends[q] > p)]
+        assert r == (past[0] if past else 3), (p, r)
+    # Ranks with rows but no weight are eligible when the caller says so (k-means++'s draws).
+    assert owners(ends, np.array([2.0]), np.array([True, True, True, True, False]), "left")[0] == 0
+    assert owners(ends, np.array([2.0]), np.array([False, True, True, True, False]), "left")[0] == 1
+
+
 def test_rows_by_index_in_order_with_repeats() -> None:
     X = np.arange(20.0).reshape(10, 2)
     w = np.linspace(0.5, 5.0, 10)
@@ -53,7 +81,8 @@ def test_shard_summary_is_numpys(weighted: bool) -> None:
     X = rng.normal(3.0, 2.0, size=(500, 4))
     w = rng.uniform(0, 2, 500) if weighted else None
     totals = Totals.collect(X, w, comm=SELF, name="test summary")
-    data = Shard.build(X, w, X.sum(axis=0), totals, passes=NUMPY, comm=SELF, name="Test.fit")
+    data = KMeansShard.build(X, w, X.sum(axis=0), totals, passes=NUMPY, comm=SELF, name="Test.fit")
+    assert isinstance(data, Shard)
     assert data.n_total == data.n_local == 500 and data.rank == 0 and data.offset == 0
     assert data.weight_sums[0] == pytest.approx(500.0 if w is None else w.sum())
     np.testing.assert_allclose(data.mean, X.mean(axis=0), rtol=1e-13)

@@ -1,0 +1,41 @@
+"""What every estimator of mpinb shares around its own computation: the ``comm`` parameter left
+out of pickles, and the agreement check that follows the local checks of a fit.
+
+A fit of any mpinb estimator begins the same way: parameters and rows checked on each rank inside
+:func:`mpinb.raise_together` (one error, on every rank; see :mod:`mpinb._inputs` and
+:mod:`mpinb._constraints`), then :func:`agree` -- the same configuration and the same number of
+features on every rank -- before the first collective that moves data.
+
+Private; collective unless a function says local.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpinb.agreement import check_same
+
+__all__ = ["RankAware", "agree"]
+
+
+class RankAware:
+    """Mixin of mpinb's estimators, placed before scikit-learn's ``BaseEstimator``: a pickled
+    model keeps arrays and scalars only."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A communicator belongs to the processes that created it; a pickled model (pulled to the
+        # notebook client, say) uses COMM_WORLD if refitted.
+        state = super().__getstate__()  # type: ignore[misc]
+        state["comm"] = None
+        state.pop("_on_iteration", None)
+        return state
+
+
+def agree(config: Any, n_features: int | None, name: str, *, comm: Any) -> None:
+    """Raise :class:`mpinb.CollectiveMismatchError` on every rank unless ``config`` (a
+    description of the checked parameters, see :func:`mpinb._constraints.describe`) and, unless
+    ``None``, ``n_features`` are the same on every rank. ``name`` is the estimator's class name.
+    Collective: one or two small checks, moving no data unless they fail."""
+    check_same(config, f"the {name} configuration", comm=comm)
+    if n_features is not None:
+        check_same(n_features, "the number of features (columns of X_local)", comm=comm)
