@@ -19,6 +19,8 @@ _LAZY = {
     "KMeans": "mpinb.kmeans",
     "MPICluster": "mpinb.client",
     "MiniBatchKMeans": "mpinb.kmeans",
+    "PCA": "mpinb.decomposition",
+    "StandardScaler": "mpinb.preprocessing",
     "plot_clusters": "mpinb.client.plotting",
     "plot_inertia": "mpinb.client.plotting",
     "plot_loss": "mpinb.client.plotting",
@@ -33,6 +35,8 @@ __all__ = [
     "KMeans",
     "MPICluster",
     "MiniBatchKMeans",
+    "PCA",
+    "StandardScaler",
     "World",
     "__version__",
     "allreduce",
@@ -60,7 +64,8 @@ __all__ = [
 def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
-        if name in ("agreement", "client", "data", "deadline", "errors", "interrupt", "jobs", "keras", "kmeans", "live"):
+        if name in ("agreement", "client", "data", "decomposition", "deadline", "errors", "interrupt", "jobs",
+                    "keras", "kmeans", "live", "preprocessing"):
             import importlib
 
             return importlib.import_module(f"mpinb.{name}")

@@ -116,3 +116,15 @@ def local(*arrays: Any) -> Any:
     lo, hi = mpinb.shard_bounds(len(arrays[0]), rank=comm.Get_rank(), size=comm.Get_size())
     pieces = tuple(a[lo:hi] for a in arrays)
     return pieces[0] if len(pieces) == 1 else pieces
+
+
+def uneven(*arrays: Any, shares: Any = (1, 3, 2, 5, 4)) -> Any:
+    """This rank's slice of arrays that every rank generated identically, with rank ``r`` holding
+    a part proportional to ``shares[r % len(shares)]`` (a share of 0: an empty shard)."""
+    comm = world()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    weights = np.array([shares[r % len(shares)] for r in range(size)], dtype=np.float64)
+    ends = np.round(np.cumsum(weights) / weights.sum() * len(arrays[0])).astype(int)
+    lo, hi = (0 if rank == 0 else int(ends[rank - 1])), int(ends[rank])
+    pieces = tuple(a[lo:hi] for a in arrays)
+    return pieces[0] if len(pieces) == 1 else pieces
