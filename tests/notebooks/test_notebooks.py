@@ -191,10 +191,15 @@ def test_02_distributed_kmeans() -> None:
     got = run_notebook(
         "02_distributed_kmeans.ipynb",
         {"n_engines": 2, "n_rows": 20_000, "n_clusters": 5, "n_features": 2},
-        ["X", "start", "ours_centers", "ours_labels", "ours_n_iter", "ours_inertia", "error_messages"],
+        ["X", "X_raw", "start", "ours_centers", "ours_labels", "ours_n_iter", "ours_inertia", "error_messages"],
     )
     from sklearn.cluster import KMeans
+    from sklearn.preprocessing import StandardScaler
 
+    # The engines clustered their raw rows (features in units 10x apart) as scikit-learn scales them.
+    spread = got["X_raw"].std(axis=0)
+    assert spread[1] > 3 * spread[0], spread
+    np.testing.assert_allclose(got["X"], StandardScaler().fit_transform(got["X_raw"]), rtol=0, atol=1e-12)
     # scikit-learn here, on the rows the engines held, from the start the notebook gave both.
     sk = KMeans(n_clusters=5, init=got["start"], n_init=1, algorithm="lloyd").fit(got["X"])
     np.testing.assert_allclose(got["ours_centers"], sk.cluster_centers_, rtol=1e-10, atol=1e-10)
