@@ -61,14 +61,14 @@ class PCA(RankAware, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
 
     Attributes
     ----------
-    components_ : ndarray of shape (n_components_, n_features)
+    components_ : ndarray of shape (n_components, n_features)
         Principal axes, by decreasing explained variance, identical on every rank (float32 only
         when every rank passed float32 rows).
-    explained_variance_ : ndarray of shape (n_components_,)
+    explained_variance_ : ndarray of shape (n_components,)
         Variance along each component (with ``n_samples - 1`` degrees of freedom).
-    explained_variance_ratio_ : ndarray of shape (n_components_,)
+    explained_variance_ratio_ : ndarray of shape (n_components,)
         Fraction of the total variance along each component.
-    singular_values_ : ndarray of shape (n_components_,)
+    singular_values_ : ndarray of shape (n_components,)
         Singular values of the centred data of all ranks.
     mean_ : ndarray of shape (n_features,)
         Mean of each feature over all ranks.
@@ -185,7 +185,7 @@ class PCA(RankAware, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
 
         Returns
         -------
-        ndarray of shape (n_samples, n_components_)
+        ndarray of shape (n_samples, n_components)
         """
         X = self._rows(X)
         Z = X @ self.components_.T
@@ -201,7 +201,7 @@ class PCA(RankAware, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
 
         Parameters
         ----------
-        X : array_like of shape (n_samples, n_components_)
+        X : array_like of shape (n_samples, n_components)
 
         Returns
         -------
