@@ -120,7 +120,7 @@ def gather_rows(rows: np.ndarray, *, root: int | None = 0, comm: Any = None, nam
     with collective(comm, name, layout, timeout=timeout, what=what or f"{name}'s row shape, dtype and root",
                     votes=(int(scalar),)) as call:
         if call.votes[0]:
-            _fail_together(call, ValueError(_no_rows_message(name, call.allgather(scalar), call.size)))
+            call.fail(ValueError(_no_rows_message(name, call.allgather(scalar), call.size)))
         if rows.dtype.kind not in "biufc":
             # Objects and strings have no fixed-size MPI type; small, so pickling is fine here.
             parts = call.allgather(rows) if root is None else call.gather(rows, root)
@@ -204,13 +204,6 @@ def _no_rows_message(name: str, scalars: list[bool], size: int) -> str:
     ranks = [rank for rank, scalar in enumerate(scalars) if scalar]
     return (f"{name} needs rows along axis 0; got a 0-d value (a scalar) {on_ranks(ranks, size)}. Pass a 1-D "
             "array for a column of scalars (np.atleast_1d(x), or np.empty(0) on a rank without rows).")
-
-
-def _fail_together(call: Op, error: BaseException) -> None:
-    """Raise ``error``, which every rank of ``call`` raises at this point (decided by its arrival)."""
-    if call.size == 1:
-        raise error  # one rank: no protocol to step through
-    call.fail(error)
 
 
 def _stop_vote(stop: StopFlag | None) -> tuple[int, ...]:

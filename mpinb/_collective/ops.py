@@ -130,7 +130,8 @@ class Op:
 
     def fail(self, error: BaseException) -> None:
         """Raise ``error``, which every rank raises at this point: nothing to give up."""
-        self.step("fail")
+        if self.gen is not None:  # one rank: no protocol to step through
+            self.step("fail")
         raise error
 
     def notice_due(self, now: float) -> bool:

@@ -26,9 +26,10 @@ only (``Cluster``, ``Client``, ``DirectView``, ``client.send_signal``, launchers
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mpinb._collective.cells import CELL_KEY, TARGETS_KEY
@@ -52,6 +53,12 @@ def stamp_cells(client: Any) -> None:
         last["targets"] = [int(i) for i in ids]
         return idents, ids
 
+    def fresh_id() -> int:
+        # Increasing, and unique per client: the engines compare cells by id to tell an earlier
+        # cell from a later one.
+        last["id"] = max(time.time_ns(), last["id"] + 1)
+        return last["id"]
+
     def stamp(metadata: dict | None) -> None:
         if metadata is None or CELL_KEY in metadata:
             return
@@ -59,10 +66,7 @@ def stamp_cells(client: Any) -> None:
         if group is not None:  # one part of a map: the map's cell
             metadata[CELL_KEY], metadata[TARGETS_KEY] = group
             return
-        # Increasing, and unique per client: the engines compare cells by id to tell an earlier
-        # cell from a later one.
-        last["id"] = max(time.time_ns(), last["id"] + 1)
-        metadata[CELL_KEY] = last["id"]
+        metadata[CELL_KEY] = fresh_id()
         if last["targets"] is not None:
             metadata[TARGETS_KEY] = last["targets"]
 
@@ -75,9 +79,13 @@ def stamp_cells(client: Any) -> None:
         stamp(kwargs.get("metadata"))
         return send_apply(*args, **kwargs)
 
-    def map_group(targets: list[int]) -> Any:
-        last["id"] = max(time.time_ns(), last["id"] + 1)
-        return _Group(last, (last["id"], targets))
+    @contextlib.contextmanager
+    def map_group(targets: list[int]) -> Iterator[None]:
+        last["group"] = (fresh_id(), targets)
+        try:
+            yield
+        finally:
+            last["group"] = None
 
     client._build_targets = build_targets
     client.send_execute_request = send_execute_request
@@ -85,19 +93,6 @@ def stamp_cells(client: Any) -> None:
     client._mpinb_map_group = map_group
     client._mpinb_stamps_cells = True
     _maps_are_cells()
-
-
-class _Group:
-    """While a map sends its parts, every request is stamped with the map's cell."""
-
-    def __init__(self, last: dict[str, Any], stamp: tuple[int, list[int]]) -> None:
-        self.last, self.stamp = last, stamp
-
-    def __enter__(self) -> None:
-        self.last["group"] = self.stamp
-
-    def __exit__(self, *exc: Any) -> None:
-        self.last["group"] = None
 
 
 def _maps_are_cells() -> None:

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from mpinb import _numba
+from mpinb._chunks import SUM_ELEMENTS, chunk_rows, chunks
 from mpinb.kmeans import _seed_pass
 
 __all__ = ["COMPILE_FROM", "FOLD_INERTIA", "FOLD_NONE", "FOLD_SUMS", "chunk_rows", "chunks", "kernels"]
@@ -41,8 +42,6 @@ __all__ = ["COMPILE_FROM", "FOLD_INERTIA", "FOLD_NONE", "FOLD_SUMS", "chunk_rows
 # an iteration of the NumPy passes costs about 5 ms, so a fit of a few dozen iterations pays
 # back loading the compiled code (measured 0.25-0.4 s in a fresh process with a warm cache).
 COMPILE_FROM = 1 << 20
-# Rows per slice of the NumPy passes: about this many values in each temporary.
-SUM_ELEMENTS = 1 << 16
 # Rows per block of the compiled mini-batch pass: its buffers, (d + k) x this many float64,
 # stay in L1 for the usual widths.
 _BATCH_BLOCK = 64
@@ -66,21 +65,6 @@ def kernels(work: int) -> SimpleNamespace:
         return NUMPY
     compiled = _compiled()
     return NUMPY if compiled is None else compiled
-
-
-def chunk_rows(
-    width: int, elements: int = SUM_ELEMENTS, *, minimum: int = 256, maximum: int | None = None
-) -> int:
-    """Rows per chunk of a pass whose per-chunk buffer holds ``width`` values per row: about
-    ``elements`` values in all, but at least ``minimum`` rows (so a very wide row does not make
-    the per-chunk Python overhead dominate) and at most ``maximum`` rows."""
-    rows = max(minimum, elements // max(width, 1))
-    return int(rows if maximum is None else min(maximum, rows))
-
-
-def chunks(n: int, step: int) -> Iterator[tuple[int, int]]:
-    for s in range(0, n, step):
-        yield s, min(s + step, n)
 
 
 # ----------------------------------------------------------------------------------------------
