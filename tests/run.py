@@ -170,7 +170,7 @@ def main() -> int:
 
 def run_tier(tier: str, env: dict[str, str], extra: list[str], log: Any = None) -> int:
     """One pytest process for a tier that is not ``mpi``."""
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / tier), "-q", f"--timeout={PER_TEST_TIMEOUT}", *extra]
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / tier), "-q", f"--timeout={PER_TEST_TIMEOUT}", "--durations=12", *extra]
     return run(cmd, dict(env, MPINB_TEST_TIER=tier), TIER_TIMEOUT[tier], log)
 
 
@@ -203,7 +203,7 @@ def run_mpi_tier(n: int, env: dict[str, str], extra: list[str]) -> int:
 
     cmd = [
         find_mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "pytest", str(ROOT / "tests" / "mpi"),
-        "-q", "-x", f"--timeout={PER_TEST_TIMEOUT}", "--timeout-method=thread", *extra,
+        "-q", "-x", f"--timeout={PER_TEST_TIMEOUT}", "--timeout-method=thread", "--durations=12", *extra,
     ]
     # One thread per rank, given explicitly: the ranks share this machine's cores, and correctness
     # tests gain nothing from more (the launcher sets no budget by itself: the ranks decide).
