@@ -7,9 +7,10 @@ collective layer share it. Runs of consecutive ranks are written as ranges, so a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
-__all__ = ["clip_to_difference", "describe_mismatch", "on_ranks", "rank_ranges", "ranks"]
+__all__ = ["EntryList", "Listed", "clip_to_difference", "describe_mismatch", "on_ranks", "rank_ranges", "ranks"]
 
 
 def rank_ranges(values: Iterable[int], sep: str = ", ") -> str:
@@ -39,14 +40,58 @@ def on_ranks(values: Iterable[int], size: int) -> str:
     return f"on {ranks(values)} of {size}"
 
 
-def describe_mismatch(what: str, texts: list[str]) -> str:
+class EntryList(NamedTuple):
+    """A list's entries as text, and the name of each on the rank that sent it (``labels``: a weight's
+    path, say; not compared, since names may differ where values agree)."""
+
+    entries: tuple[str, ...]
+    labels: tuple[str, ...] | None = None
+
+
+class Listed(str):
+    """A list's ``repr``, compared across ranks as text, keeping its entries (``detail``) so that a
+    mismatch names the first entry that differs, in full."""
+
+    detail: EntryList
+
+    def __new__(cls, values: Sequence[Any], labels: Sequence[str] | None = None) -> Listed:
+        self = super().__new__(cls, repr(values))
+        self.detail = EntryList(tuple(repr(v) for v in values), None if labels is None else tuple(map(str, labels)))
+        return self
+
+
+def describe_mismatch(what: str, texts: Sequence[str | EntryList]) -> str:
     """The message of a value that must agree across ranks but does not (``texts``: each rank's)."""
+    if texts and all(isinstance(t, EntryList) for t in texts):
+        return _describe_entries(what, texts)  # type: ignore[arg-type]
+    texts = [" ".join(t.entries) if isinstance(t, EntryList) else t for t in texts]
     groups: dict[str, list[int]] = {}
     for rank, text in enumerate(texts):
         groups.setdefault(text, []).append(rank)
     shown = clip_to_difference(list(groups))
     listing = "; ".join(f"{ranks(r)}: {shown[t]}" for t, r in groups.items())
     return f"{what} must be the same on every rank, but differs across {len(texts)} ranks ({listing})."
+
+
+def _describe_entries(what: str, lists: Sequence[EntryList]) -> str:
+    """The first entry at which the ranks' lists differ, each group's in full with its name."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for rank, listed in enumerate(lists):
+        groups.setdefault(listed.entries, []).append(rank)
+    first = next((i for i in range(max(map(len, groups))) if len({e[i] if i < len(e) else None for e in groups}) > 1), 0)
+
+    def entry(entries: tuple[str, ...], rank: int) -> str:
+        if first >= len(entries):
+            return f"no entry {first} ({len(entries)} entries)"
+        labels = lists[rank].labels
+        name = f"{labels[first]} " if labels is not None and first < len(labels) else ""
+        return f"{name}{entries[first]}"
+
+    listing = "; ".join(f"{ranks(r)}: {entry(e, r[0])}" for e, r in groups.items())
+    counts = {len(e) for e in groups}
+    sizes = "" if len(counts) == 1 else " (" + "; ".join(f"{ranks(r)}: {len(e)} entries" for e, r in groups.items()) + ")"
+    return (f"{what} must be the same on every rank, but differs across {len(lists)} ranks, first at entry "
+            f"{first} (counting from 0){sizes}: {listing}.")
 
 
 def clip_to_difference(texts: list[str], width: int = 80) -> dict[str, str]:

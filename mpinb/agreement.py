@@ -7,16 +7,18 @@ leaving the healthy ones waiting in the next collective.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from mpinb import _collective
 from mpinb import deadline as _deadline
 from mpinb._collective.exceptions import record
-from mpinb._words import on_ranks
+from mpinb._words import Listed, on_ranks
 
 __all__ = ["check_all", "check_same", "raise_together"]
+
+_LISTED = 80  # characters of a list's repr beyond which a mismatch names its first differing entry
 
 
 def check_all(
@@ -58,7 +60,8 @@ def check_all(
         raise exc(compose(failed, _collective.channel(comm).size))
 
 
-def check_same(value: Any, what: str, *, comm: Any = None, timeout: Any = _deadline.DEFAULT) -> None:
+def check_same(value: Any, what: str, *, comm: Any = None, timeout: Any = _deadline.DEFAULT,
+               labels: Sequence[str] | None = None) -> None:
     """Raise :class:`CollectiveMismatchError` on every rank unless ``value`` is equal on all ranks.
 
     Collective. ``value`` is compared by its ``repr``, so pass hashable descriptions such as
@@ -76,8 +79,19 @@ def check_same(value: Any, what: str, *, comm: Any = None, timeout: Any = _deadl
     timeout : float or None, optional
         Seconds to wait for the other ranks before raising :class:`CollectiveTimeout`; by default
         :func:`mpinb.get_collective_timeout`, and ``None`` waits forever.
+    labels : sequence of str, optional
+        For a list ``value``, a name for each entry (a weight's path), shown beside the first entry
+        that differs; not compared.
+
+    Notes
+    -----
+    A long list or tuple (or one with ``labels``) is described entry by entry when the ranks
+    differ: the message names the first entry that differs, in full, on each rank.
     """
-    _collective.barrier(comm=comm, name="check_same", layout=repr(value), what=what, timeout=timeout)
+    text = repr(value)
+    listed = isinstance(value, (list, tuple)) and (labels is not None or len(text) > _LISTED)
+    _collective.barrier(comm=comm, name="check_same", layout=Listed(value, labels) if listed else text,
+                        what=what, timeout=timeout)
 
 
 @contextmanager

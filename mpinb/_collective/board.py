@@ -27,6 +27,8 @@ import uuid
 
 import numpy as np
 
+from mpinb import _frames
+
 __all__ = ["Board", "CellRecord", "Row"]
 
 _ROW = 64  # words of one rank's row
@@ -256,6 +258,17 @@ class Board:
             return True
         return _started(int(words[_PID])) == int(words[_STARTED])
 
+    def stopped(self, rank: int) -> bool:
+        """Whether the process that wrote ``rank``'s row is stopped (SIGSTOP, Ctrl-Z, a debugger)."""
+        words = self.peers.get(rank)
+        if words is None or not int(words[_STARTED]) or _started(int(words[_PID])) != int(words[_STARTED]):
+            return False
+        try:
+            with open(f"/proc/{int(words[_PID])}/stat", "rb") as stat:
+                return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+        except (OSError, IndexError):
+            return False
+
     def read(self, rank: int) -> Row | None:
         words = self.peers.get(rank)
         return None if words is None else Row(words[:_ROW].copy())
@@ -271,7 +284,6 @@ class Board:
 # A signal nothing else in the stack uses (Hydra forwards SIGUSR1 to its processes); none on Windows.
 _WHERE_SIGNAL = getattr(signal, "SIGUSR2", None)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
-_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the mpinb package
 
 
 # One where file per process, whichever communicators it is on (faulthandler writes to one file per
@@ -345,23 +357,26 @@ def _started(pid: int) -> int:
 
 
 def _innermost(dump: str, main: int) -> str | None:
-    """The main thread's innermost frame outside mpinb in faulthandler dumps (``None`` until one is
-    written). The first dump in ``dump`` whose main-thread block shows it wins; a line still being
-    written, and lines of an answer cut short before its header, are skipped."""
+    """Where the main thread is, from faulthandler dumps (``None`` until enough is written): its
+    user's innermost line with the library call inside it (:func:`mpinb._frames.describe`). The
+    first dump in ``dump`` whose main-thread block shows a user's frame, its outermost frame, or
+    its end wins; a line still being written, and lines of an answer cut short before its header,
+    are skipped."""
     header = f"0x{main:016x}"
-    in_main = inside = False
+    in_main = False
+    frames: list[_frames.Frame] = []
     for line in dump.splitlines(keepends=True):
         if not line.endswith("\n"):
             break
         if line.startswith(("Thread 0x", "Current thread 0x")) or not line.strip():
-            if in_main and inside:
-                return "inside mpinb"  # the whole block is mpinb's own frames
-            in_main, inside = header in line, False
+            if in_main and frames:
+                return _frames.describe(frames)
+            in_main, frames = header in line, []
             continue
         frame = _FRAME.match(line) if in_main else None
         if frame is None:
             continue
-        if not frame["file"].startswith(_OWN + os.sep):
-            return f"{frame['func']} ({os.path.basename(frame['file'])}:{frame['line']})"
-        inside = True
+        frames.append(_frames.Frame(frame["file"], int(frame["line"]), frame["func"]))
+        if frame["func"] == "<module>" or _frames.kind(frame["file"]) == "user":
+            return _frames.describe(frames)  # the user's line, or the outermost frame: enough
     return None

@@ -98,6 +98,7 @@ def install() -> bool:
     shell.events.register("post_execute", _end)
     shell.ast_transformers.append(EndCheck())
     _run_every_request(shell.kernel)
+    _interrupts_say_where()
     _shell = shell
     _applied_functions_are_cells()
     from mpinb._hidden_frames import install as hide_mpinb_frames
@@ -163,6 +164,44 @@ def _run_every_request(kernel: Any) -> None:
 
     execute_request._mpinb_runs_every_request = True  # type: ignore[attr-defined]
     handlers["execute_request"] = execute_request
+
+
+def _interrupts_say_where() -> None:
+    """Make the Stop button's ``KeyboardInterrupt`` say where this rank was: Python's own has an empty
+    message, so after an interrupt of every rank nothing told the user that one rank was in its
+    own ``eigh`` while the others waited for it. ipykernel installs ``signal.default_int_handler``
+    around every request it handles, looked up in its module: ours raises the same exception,
+    with the user's line and the library call it was in. A rank waiting in a collective says which
+    one, and for whom (the collective layer words that; see ``Op._wait``)."""
+    try:
+        from ipykernel import kernelbase
+    except ImportError:
+        return
+    if getattr(kernelbase.default_int_handler, "_mpinb_says_where", False):
+        return
+    kernelbase.default_int_handler = interrupted
+
+
+def interrupted(signum: int, frame: Any) -> None:
+    """A SIGINT handler: ``KeyboardInterrupt`` naming this rank and where its main thread was."""
+    from mpinb import _frames
+
+    frames = _frames.frames_of(frame)
+    where = _frames.describe(frames, _frames.user_source(frames)) or "an unknown place"
+    raise KeyboardInterrupt(f"interrupted{_on_rank()} (the Stop button, cluster.interrupt() or Ctrl-C) "
+                            f"at {where}")
+
+
+interrupted._mpinb_says_where = True  # type: ignore[attr-defined]
+
+
+def _on_rank() -> str:
+    try:
+        from mpi4py import MPI
+
+        return f" on rank {MPI.COMM_WORLD.Get_rank()}" if MPI.Is_initialized() and not MPI.Is_finalized() else ""
+    except Exception:  # noqa: BLE001 - a message, not a reason to fail
+        return ""
 
 
 def _applied_functions_are_cells() -> None:

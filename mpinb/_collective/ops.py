@@ -326,8 +326,11 @@ class Op:
             raise texts.left_error(self, left.rank, why) from None
         except BaseException as err:
             # Ctrl-C (or cluster.interrupt()) while waiting: MPI may still write into the buffers.
-            self.give_up("interrupt" if isinstance(err, KeyboardInterrupt) else "raise", requests, keep,
+            interrupted, phase = isinstance(err, KeyboardInterrupt), self.phase
+            self.give_up("interrupt" if interrupted else "raise", requests, keep,
                          f"was interrupted ({type(err).__name__})")
+            if interrupted:  # Python's own says nothing: say where this rank waited, and for whom
+                raise texts.interrupted_error(self, phase) from None
             raise
 
 

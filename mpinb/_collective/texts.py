@@ -25,9 +25,10 @@ def listing(missing: dict[int, str]) -> str:
     return "; ".join(f"rank {r} ({why})" for r, why in missing.items())
 
 
-def whereabouts(chan: Channel, gen: Gen, index: int, cell: int) -> tuple[dict[int, str], list[int]]:
+def whereabouts(chan: Channel, gen: Gen, index: int, cell: int, ask: bool = True) -> tuple[dict[int, str], list[int]]:
     """The ranks not known to have arrived at ``(gen, index)``, each with where it was: in which mpinb
-    collective, idle with its cell ended (and how), or where in its own code it computes."""
+    collective, idle with its cell ended (and how), or where in its own code it computes (asked of
+    the ranks on this host when ``ask``: up to a second)."""
     missing: dict[int, str] = {}
     arrived: list[int] = []
     computing: list[int] = []
@@ -57,11 +58,32 @@ def whereabouts(chan: Channel, gen: Gen, index: int, cell: int) -> tuple[dict[in
                 missing[r] = f"no mpinb collective {since}"
             else:
                 missing[r] = f"its last mpinb collective: {row.describe(now)}"
-    found = chan.board.ask_where(computing) if computing and chan.board is not None else {}
+    found = chan.board.ask_where(computing) if ask and computing and chan.board is not None else {}
     for r in computing:
         missing[r] += (f"; it is computing outside mpinb, at {found[r]}" if r in found
                        else "; it is computing or blocked outside mpinb")
     return missing, arrived
+
+
+def data_whereabouts(op: Op) -> dict[int, str]:
+    """Every rank arrived at ``op`` and its data did not finish moving: the ranks on this host that
+    are not moving it with this one (stopped, finished, or elsewhere), and each rank off this host."""
+    chan = op.chan
+    found: dict[int, str] = {}
+    now = time.time_ns()
+    for r in range(chan.size):
+        if r == chan.rank:
+            continue
+        row = None if chan.board is None else chan.board.read(r)
+        if row is None:
+            found[r] = f"on host {chan.hosts[r]}, whose status is not visible from {chan.host}"
+        elif chan.board.stopped(r):
+            found[r] = "its process is stopped (SIGSTOP, Ctrl-Z or a debugger) inside it"
+        elif (row.gen, row.index) != (op.gen.number, op.index) or not row.inside:
+            found[r] = f"no longer in it: {row.describe(now)}"
+        elif not chan.board.alive(r):
+            found[r] = "its process has exited"
+    return found
 
 
 def timeout_error(op: Op, phase: int) -> CollectiveTimeout:
@@ -77,7 +99,9 @@ def timeout_error(op: Op, phase: int) -> CollectiveTimeout:
         if arrived:
             tail += f"; {ranks(list(arrived))} arrived"
     else:
-        tail = ("every rank arrived, but the data did not finish moving (a rank may have stopped "
+        missing = data_whereabouts(op)
+        tail = ("every rank arrived, but the data did not finish moving: " + listing(missing) if missing else
+                "every rank arrived, but the data did not finish moving (a rank may have stopped "
                 "between the messages of this collective)")
     return CollectiveTimeout(
         f"{head}: {tail}. mpinb moves every rank to a fresh communicator, so the next collective works "
@@ -86,6 +110,20 @@ def timeout_error(op: Op, phase: int) -> CollectiveTimeout:
         operation=op.name, number=op.index, timeout=op.timeout, rank=chan.rank,
         missing=missing, arrived=arrived,
     )
+
+
+def interrupted_error(op: Op, phase: int) -> KeyboardInterrupt:
+    """The Stop button (or Ctrl-C) reached this rank while it waited in ``op``: where, and for whom
+    (the ranks are not asked where they compute: they are being interrupted too, and say so)."""
+    head = f"interrupted on rank {op.chan.rank} (the Stop button, cluster.interrupt() or Ctrl-C)"
+    if phase == _p.ARRIVING:
+        missing, _ = whereabouts(op.chan, op.gen, op.index, op.cell, ask=False)
+        where = f"while waiting in {op.name} #{op.index}" + (f" for {listing(missing)}" if missing else "")
+    elif phase == _p.MOVING:
+        where = f"while the data of {op.name} #{op.index} moved (every rank had arrived)"
+    else:
+        where = f"in {op.name} #{op.index}, while every rank moved to a fresh communicator"
+    return KeyboardInterrupt(f"{head} {where}. {NEXT}")
 
 
 def abandoned_error(op: Op, note: dict[str, Any]) -> CollectiveTimeout | CollectiveAbandoned:
@@ -185,6 +223,10 @@ def elsewhere_warning(note: dict[str, Any], rank: int) -> str:
 
 
 def waiting_notice(op: Op, waited: float) -> str:
+    if op.phase == _p.MOVING:
+        missing = data_whereabouts(op)
+        return (f"mpinb: rank {op.chan.rank} has waited {waited:.0f} s in {op.name} #{op.index}: every rank "
+                f"arrived, and its data has not finished moving" + (f"; {listing(missing)}" if missing else "") + ".")
     missing, _ = whereabouts(op.chan, op.gen, op.index, op.cell)
     return (f"mpinb: rank {op.chan.rank} has waited {waited:.0f} s in {op.name} #{op.index} for "
             f"{listing(missing) or 'the other ranks'}.")

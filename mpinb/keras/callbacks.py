@@ -305,7 +305,8 @@ def broadcast_state(model: Any, *, root: int = 0, comm: Any = None) -> None:
     check_same(built, "whether the optimizer is built (has state to broadcast)", comm=comm)
     if built:
         variables += list(opt.variables)
-    check_same([(tuple(v.shape), str(v.dtype)) for v in variables], "the model's weight shapes and dtypes", comm=comm)
+    check_same([(tuple(v.shape), str(v.dtype)) for v in variables], "the model's weight shapes and dtypes", comm=comm,
+               labels=[getattr(v, "path", v.name) for v in variables])
     if comm.Get_size() == 1:
         return
     values = [np.array(v.numpy(), copy=True) for v in variables]

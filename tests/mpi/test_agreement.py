@@ -34,6 +34,20 @@ def test_check_same_detects_hyperparameter_mismatch(comm) -> None:
         mpinb.check_same(6 if RANK == 1 else 5, "n_clusters", comm=comm)
 
 
+@pytest.mark.mpi_sizes(2, 3)
+def test_check_same_names_the_first_differing_entry_of_a_long_list_in_full(comm) -> None:
+    # Two models whose 26th weight differs: the message names it, with its path, on every rank,
+    # instead of a window cut from the middle of two long reprs.
+    shapes = [((784, 512), "float32"), ((512,), "float32")] * 20
+    if RANK == SIZE - 1:
+        shapes[25] = ((512, 10), "float32")
+    names = [f"dense_{i // 2}/{'kernel' if i % 2 == 0 else 'bias'}" for i in range(40)]
+    with raises_everywhere(mpinb.CollectiveMismatchError, match=r"first at entry 25") as info:
+        mpinb.check_same(shapes, "the model's weight shapes and dtypes", comm=comm, labels=names)
+    text = str(info.value)
+    assert f"rank {SIZE - 1}: dense_12/bias ((512, 10), 'float32')" in text and "..." not in text, text
+
+
 def test_raise_together_spreads_the_first_failure(comm) -> None:
     with raises_everywhere(KeyError, match="missing column"):
         with mpinb.raise_together(comm=comm):

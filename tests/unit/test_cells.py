@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from mpinb import _frames
 from mpinb._collective import board as _board
 from mpinb._collective.cells import CELL_KEY, TARGETS_KEY, describe_error
 from mpinb._hidden_frames import without_mpinb_frames
@@ -135,7 +136,7 @@ def test_ranks_asking_one_process_at_once_all_get_its_answer(tmp_path) -> None:
 
 def test_an_answer_cut_short_or_still_being_written_is_never_misread() -> None:
     main = 0x7F00AA
-    own = os.path.join(_board._OWN, "_collective", "wait.py")
+    own = os.path.join(_frames._OWN, "_collective", "wait.py")
 
     def dump(*frames: str) -> str:
         other = 'Thread 0x00000000000000bb (most recent call first):\n  File "/x/threading.py", line 5 in run\n\n'
@@ -143,11 +144,11 @@ def test_an_answer_cut_short_or_still_being_written_is_never_misread() -> None:
         return other + f"Current thread 0x{main:016x} (most recent call first):\n" + lines
 
     answer = dump((own, 3, "poll"), ("/work/cell.py", 7, "crunch"), ("/work/cell.py", 9, "<module>"))
-    assert _board._innermost(answer, main) == "crunch (cell.py:7)"
+    assert _board._innermost(answer, main) == "crunch (cell.py:7), in mpinb's poll"
     assert _board._innermost(answer[:answer.index("cell.py")], main) is None  # the line is not whole yet
     assert _board._innermost(answer[answer.index("poll"):], main) is None  # its header was cut away
     # A tail cut short, then a whole answer (faulthandler writes dumps one after the other).
-    assert _board._innermost(answer[answer.index("poll"):] + answer, main) == "crunch (cell.py:7)"
+    assert _board._innermost(answer[answer.index("poll"):] + answer, main) == "crunch (cell.py:7), in mpinb's poll"
     assert _board._innermost(dump((own, 3, "poll")) + "\n", main) == "inside mpinb"
     assert _board._innermost(dump((own, 3, "poll")), main) is None  # more frames may follow
 

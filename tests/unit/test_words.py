@@ -25,3 +25,21 @@ def test_a_mismatch_groups_ranks_by_value_and_clips_long_values_to_their_differe
     long = ["x" * 200 + "a", "x" * 200 + "b"]
     clipped = describe_mismatch("layout", long)
     assert "..." in clipped and len(clipped) < 300 and "a;" in clipped and clipped.endswith("b).")
+
+
+def test_a_mismatch_of_lists_names_the_first_differing_entry_in_full_with_its_name():
+    from mpinb._words import Listed
+
+    shapes = [((784, 512), "float32"), ((512,), "float32")] * 20
+    other = list(shapes)
+    other[25] = ((512, 10), "float32")
+    names = [f"dense_{i}/kernel" for i in range(40)]
+    sent = [Listed(shapes, names).detail, Listed(shapes, names).detail, Listed(other, names).detail]
+    text = describe_mismatch("the model's weight shapes and dtypes", sent)
+    assert "first at entry 25" in text, text
+    assert "ranks 0-1: dense_25/kernel ((512,), 'float32')" in text and \
+        "rank 2: dense_25/kernel ((512, 10), 'float32')" in text and "..." not in text, text
+    shorter = describe_mismatch("weights", [Listed(shapes).detail, Listed(shapes[:3]).detail])
+    assert "first at entry 3" in shorter and "rank 1: no entry 3 (3 entries)" in shorter, shorter
+    assert "(rank 0: 40 entries; rank 1: 3 entries)" in shorter, shorter
+    assert Listed(shapes) == repr(shapes)  # what the ranks compare is unchanged
