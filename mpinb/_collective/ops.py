@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Op", "Retry", "digest_of"]
 
+_AWAY = 0.5  # seconds an operation runs before it looks, as it finishes, whether the others gave it up
 _NOTICE_ENV = "MPINB_WAIT_NOTICE"  # seconds of waiting before a rank says whom it waits for
 
 
@@ -88,14 +89,32 @@ class Op:
             if self.outcome:
                 return  # the operation already left through a step of the table
             if kind is None:
-                self.step("finish")
-                return
+                note = self._given_up_meanwhile()
+                if note is None:
+                    self.step("finish")
+                    return
+                # Every message moved, but the others gave up on this operation while this rank
+                # was away (stopped, descheduled): it raises with them, rather than return a
+                # value they did not get.
+                self.raised()
+                self.step("revoked")
+                raise _interrupt.instead_if_pending(texts.abandoned_error(self, note))
             # An exception between two messages of this operation (a KeyboardInterrupt, a bug): the
             # others would wait for the next message, so give the operation up for everyone.
             self.give_up("interrupt" if issubclass(kind, KeyboardInterrupt) else "raise", [], None,
                          f"raised {kind.__name__} between its messages")
         finally:
             self.chan.release()
+
+    def _given_up_meanwhile(self) -> dict[str, Any] | None:
+        """The revocation that reaches this operation, when one came while it ran long (``_AWAY``
+        seconds or more: long enough for another rank to give up on it); ``None`` otherwise, and
+        for every short operation, which does not look."""
+        if time.monotonic() - self.began < _AWAY:
+            return None
+        self.chan.notices()
+        note = self.gen.revoked
+        return note if _p.revocation_reaches(note, self.rank, self.index) else None
 
     def raised(self) -> None:
         """This operation raises to its caller: the rank has been told that the cell went wrong, so

@@ -30,7 +30,7 @@ import mpinb._collective.protocol as _p
 pytestmark = pytest.mark.timeout(540)
 
 SUMMARY: dict = {"schedules": 0, "violations": 0, "mutants": 0, "caught": 0, "by_size": {}, "rules": set()}
-TARGET = int(os.environ.get("MPINB_MODEL_SCHEDULES", "40000"))
+TARGET = int(os.environ.get("MPINB_MODEL_SCHEDULES", "25000"))
 
 
 def _pool_map(jobs: list[tuple]) -> list[dict]:
