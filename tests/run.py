@@ -59,6 +59,8 @@ MPI_SIZES = (1, 2, 3, 4)
 TIER_TIMEOUT = {"unit": 600, "model": 600, "mpi": 900, "cluster": 900, "multihost": 300, "slurm": 300, "notebooks": 900,
                 "browser": 300, "docs": 300}
 PER_TEST_TIMEOUT = 180
+# How many of the slowest tests each tier reports (MPINB_TEST_DURATIONS=0: all of them).
+DURATIONS = f"--durations={os.environ.get('MPINB_TEST_DURATIONS', '12')}"
 
 
 def venv_python() -> Path:
@@ -170,7 +172,7 @@ def main() -> int:
 
 def run_tier(tier: str, env: dict[str, str], extra: list[str], log: Any = None) -> int:
     """One pytest process for a tier that is not ``mpi``."""
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / tier), "-q", f"--timeout={PER_TEST_TIMEOUT}", "--durations=12", *extra]
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / tier), "-q", f"--timeout={PER_TEST_TIMEOUT}", DURATIONS, *extra]
     return run(cmd, dict(env, MPINB_TEST_TIER=tier), TIER_TIMEOUT[tier], log)
 
 
@@ -203,7 +205,7 @@ def run_mpi_tier(n: int, env: dict[str, str], extra: list[str]) -> int:
 
     cmd = [
         find_mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "pytest", str(ROOT / "tests" / "mpi"),
-        "-q", "-x", f"--timeout={PER_TEST_TIMEOUT}", "--timeout-method=thread", "--durations=12", *extra,
+        "-q", "-x", f"--timeout={PER_TEST_TIMEOUT}", "--timeout-method=thread", DURATIONS, *extra,
     ]
     # One thread per rank, given explicitly: the ranks share this machine's cores, and correctness
     # tests gain nothing from more (the launcher sets no budget by itself: the ranks decide).

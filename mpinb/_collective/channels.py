@@ -297,19 +297,19 @@ class Channel:
         gen.revoked = note = {"gen": gen.number, "index": op.index, "name": op.name, "rank": self.rank,
                               "why": why or "abandoned", "time": time.time(), "missing": missing,
                               "timeout": op.timeout, "cell": op.cell, "digest": op.digest, "departed": departed}
-        self._sends += _notices.start(self.ctrl, _notices.REVOKED, self.rank, note, self.hosts, self._outside(op))
+        self._sends += _notices.start(self.ctrl, _notices.REVOKED, self.rank, note, self.hosts, self._host_peers())
         if self.board is not None:
             self.board.mark_revoked(gen.number)
         self._post_next()
 
-    def _outside(self, op: Op) -> tuple[int, ...]:
-        """The ranks on this host that the board shows outside ``op``: a revocation goes to them
-        directly, as they pass nothing on until their next collective."""
+    def _host_peers(self) -> tuple[int, ...]:
+        """The other ranks on this host: a revocation goes to each of them directly. One outside the
+        collective passes nothing on until its next one; one stopped inside it (SIGSTOP, a long C
+        call) must find the note in its buffers when it resumes, not wait for a relay that went
+        idle after raising (the protocol model's case: it would return a value the others gave up)."""
         if self.board is None:
             return ()
-        here = (op.gen.number, op.index)
-        rows = {r: self.board.read(r) for r in self.local_ranks() if r != self.rank}
-        return tuple(r for r, row in rows.items() if row is None or not row.inside or (row.gen, row.index) != here)
+        return tuple(r for r in self.local_ranks() if r != self.rank)
 
     def retire(self, op: Op, why: str) -> None:
         """End ``op``'s generation on this rank without a notice: every rank decides so at the same

@@ -13,10 +13,11 @@ its origin ``n - 1`` sends -- a millisecond and more at a thousand ranks, paid w
 The price of a tree: a note crosses a rank only when that rank looks at its notices (every
 collective does on entry, every wait while it waits). A rank outside mpinb -- computing, late for
 the collective, or gone on after raising -- holds back its subtree until its next collective. So a
-revoking rank sends directly to the ranks of its host that its board shows outside the collective
-(they will look for the note on entry, where the host's board says one is due), and the tree spans
-the ranks that wait, which pass it on within a poll. Cell-end notes span the ranks on other hosts,
-not host leaders: no rank relays for a whole host, and the protocol has one shape.
+revoking rank sends directly to the other ranks of its host (a host's few dozen sends at most: those
+outside the collective look for the note on entry, where the host's board says one is due, and one
+stopped inside it finds the note when it resumes), and the tree spans the ranks on other hosts.
+Cell-end notes span the ranks on other hosts, not host leaders: no rank relays for a whole host, and
+the protocol has one shape.
 """
 
 from __future__ import annotations

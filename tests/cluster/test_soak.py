@@ -13,7 +13,7 @@ soak = _soak.soak
 
 
 def test_repeated_fits_do_not_leak() -> None:
-    result = soak(fits=16, n=2, warmup=6)
+    result = soak(fits=10, n=2, warmup=4)
     assert result["fd_growth"] == 0, result
     assert result["zombies"] == 0, result
     assert result["max_rss_growth_fraction"] <= 0.10, result

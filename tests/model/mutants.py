@@ -15,6 +15,7 @@ import numpy as np
 from mpinb import _collective
 from mpinb._collective import channels as _channels
 from mpinb._collective import notices as _notices
+from mpinb._collective import ops as _ops
 from mpinb._collective import protocol as _p
 
 
@@ -84,4 +85,6 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "a late call of an abandoned collective not raising": lambda: _patched(_p, "late_arrival", _never_stale),
     "a rank in a later cell taken for one that left": lambda: _patched(_p, "departure", _departure_by_cell_only),
     "no rank ever taken for one that left": lambda: _patched(_p, "departure", lambda *a: None),
+    "a rank that ran long not looking whether the others gave up": lambda: _patched(
+        _ops.Op, "_given_up_meanwhile", lambda self: None),
 }

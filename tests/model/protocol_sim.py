@@ -385,6 +385,7 @@ class Record:
     ops_begun: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, cell) -> collectives called
     first_trouble: dict[int, float] = field(default_factory=dict)  # cell -> first raise/give-up/death
     abnormal: list[tuple[int, int, str, float, float]] = field(default_factory=list)  # rank, cell, op, in, out
+    gave_up: list[_p.GiveUp] = field(default_factory=list)
     rules: set[tuple[int, str]] = field(default_factory=set)
     errors: dict[tuple[int, int], str] = field(default_factory=dict)
     data_left: int = 0  # data messages left pending by an operation abandoned as its arrival completed
@@ -593,6 +594,16 @@ class Sim:
                 ctx.inbox[dst].append((tag, data))
                 self._observe_now(self.ranks[dst])
 
+    def _thaw(self, rank: Rank) -> None:
+        """A stopped process resumes. What the others sent it meanwhile landed in its buffers (the
+        sender's shared-memory cell, the kernel's socket buffer) while it was stopped: its first look
+        finds it."""
+        for (src, dst), queue in self.flight.items():
+            if dst == rank.r and self.ranks[src].frozen_until <= self.now:
+                while queue:
+                    ctx, tag, data = queue.popleft()
+                    ctx.inbox[dst].append((tag, data))
+
     def _observe_now(self, rank: Rank) -> None:
         """A completion or a message only its own rank can see: a waiting rank looks at once. Sound:
         until it looks, no other rank can tell whether the event has happened, so the orderings
@@ -626,7 +637,10 @@ class Sim:
                 wakes += [r.frozen_until for r in self.ranks if r.alive and r.frozen_until > self.now]
                 if not wakes:
                     raise Violation("deadlock: no rank can run and nothing is in flight")
-                self.now = max(self.now, min(wakes))
+                before, self.now = self.now, max(self.now, min(wakes))
+                for rank in self.ranks:
+                    if rank.alive and before < rank.frozen_until <= self.now:
+                        self._thaw(rank)
                 if self.now > T_MAX:
                     raise Violation("hang: " + self._describe_waiting())
                 continue
@@ -747,16 +761,18 @@ class Sim:
 
     def _call(self, rank: Rank, cell: int, step: Call) -> None:
         value = np.full(step.size, value_of(step.label, rank.r))
-        self.ops_in[rank.r] = (cell, step.label, self.now)
+        began = self.now
+        self.ops_in[rank.r] = (cell, step.label, began)
         try:
             result = mpinb.allreduce([value], comm=rank.chan.parent, timeout=step.timeout)[0]
         except BaseException:
-            self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, False, False))
+            self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, False, False, began, self.now))
             raise
         finally:
             self.ops_in.pop(rank.r, None)
         right = float(sum(value_of(step.label, q) for q in range(self.n)))
-        self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, True, bool(np.all(result == right))))
+        self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, True, bool(np.all(result == right)),
+                                             began, self.now))
 
     # observing the protocol
     def note(self, text: str) -> None:
@@ -785,12 +801,13 @@ class Sim:
             self.rec.abnormal.append((rank.r, cell, label, entered, self.now))
             if rule.event in ("deadline", "interrupt", "raise"):
                 self.rec.first_trouble.setdefault(cell, self.now)
+                self.rec.gave_up.append(_p.GiveUp(rank.r, cell, label, self.now))
 
     # the guarantees, at the end of a run
     def _check_end(self) -> None:
         rec = self.rec
         dead = any(not r.alive for r in self.ranks)
-        problems = _p.invariant_violations(rec.calls, rec.cell_errors, {}, BOUND)
+        problems = _p.invariant_violations(rec.calls, rec.cell_errors, {}, BOUND, rec.gave_up, _ops._AWAY)
         # Released in time: an operation that did not complete ended within the bound of the first
         # trouble in its cell (a raise, a give-up, a death, or a rank that left the cell with fewer
         # collectives than another).
