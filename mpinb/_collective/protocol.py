@@ -297,9 +297,9 @@ def invariant_violations(calls: Sequence[CallOutcome], cell_errors: dict[tuple[i
       call of every rank gives is only allowed where that rank's cell ends with an error
       (``cell_errors[rank, cell]``);
     - *agreement*: a call that another rank gave up while it was in progress (and no rank had yet
-      completed) does not return a value the others did not get, when it ran on ``away`` seconds or more after the give-up (a rank that
-      was stopped, or long in a C call, wakes to raise with the others; a quick one may have finished
-      before it could know);
+      completed) does not return a value the others did not get, when it ran on ``away`` seconds or
+      more after the give-up (a rank that was stopped, or long in a C call, wakes to raise with the
+      others; a quick one may have finished before it could know);
     - *released in time*: a rank whose wait was decided (another rank raised, left or exited) is
       released within ``bound`` seconds of the deciding event (``released[rank]``: the delay, ``None``
       if it never was).
@@ -307,8 +307,8 @@ def invariant_violations(calls: Sequence[CallOutcome], cell_errors: dict[tuple[i
     found = []
     # A give-up after some rank had already returned from the call cannot be agreed on (that rank
     # has its value): it binds only the calls of a collective nobody had completed.
-    binding = [g for g in gave_up if not any(c.returned and (c.cell, c.label) == (g.cell, g.label) and c.ended <= g.at
-                                             for c in calls)]
+    binding = [g for g in gave_up
+               if not any(c.returned and (c.cell, c.label) == (g.cell, g.label) and c.ended <= g.at for c in calls)]
     for c in calls:
         if c.returned and not c.right and not cell_errors.get((c.rank, c.cell), False):
             found.append(f"rank {c.rank} returned a wrong value from {c.label} in cell {c.cell} without an error")

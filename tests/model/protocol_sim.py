@@ -589,10 +589,16 @@ class Sim:
             self._observe_now(self.ranks[req.rank])
         else:
             _, src, dst = choice
-            ctx, tag, data = self.flight[src, dst].popleft()
-            if self.ranks[dst].alive:
-                ctx.inbox[dst].append((tag, data))
+            if self._deliver(src, dst):
                 self._observe_now(self.ranks[dst])
+
+    def _deliver(self, src: int, dst: int) -> bool:
+        """The next message in flight from ``src`` to ``dst`` lands in its inbox (unless ``dst`` died)."""
+        ctx, tag, data = self.flight[src, dst].popleft()
+        if not self.ranks[dst].alive:
+            return False
+        ctx.inbox[dst].append((tag, data))
+        return True
 
     def _thaw(self, rank: Rank) -> None:
         """A stopped process resumes. What the others sent it meanwhile landed in its buffers (the
@@ -601,8 +607,7 @@ class Sim:
         for (src, dst), queue in self.flight.items():
             if dst == rank.r and self.ranks[src].frozen_until <= self.now:
                 while queue:
-                    ctx, tag, data = queue.popleft()
-                    ctx.inbox[dst].append((tag, data))
+                    self._deliver(src, dst)
 
     def _observe_now(self, rank: Rank) -> None:
         """A completion or a message only its own rank can see: a waiting rank looks at once. Sound:
