@@ -152,9 +152,7 @@ def test_a_rank_that_raises_before_a_collective_is_named_by_every_other_rank(eng
     engines.recovered(marker)
 
 
-def test_a_deadline_on_one_rank_reaches_every_waiting_rank_along_the_tree(engines: Engines) -> None:
-    import math
-
+def test_a_deadline_on_one_rank_reaches_every_waiting_rank_of_its_host_directly(engines: Engines) -> None:
     from mpinb._collective import notices
 
     marker = _mark(engines, "deadline")
@@ -171,8 +169,9 @@ def test_a_deadline_on_one_rank_reaches_every_waiting_rank_along_the_tree(engine
             assert rec["ended"] - gave_up < BOUND, f"rank {rank} raised {rec['ended'] - gave_up:.2f} s after rank 0"
     sent = [s[notices.REVOKED] for s in engines.cluster.pull("sent")]
     assert sum(sent) == N - 1, sent  # one revocation, one note to each other rank
-    # Rank 0 sends to its tree's top (log2 of 15 ranks: 4) and to the late rank itself; others relay.
-    assert max(sent) <= math.ceil(math.log2(N)) + 1 and sum(s > 0 for s in sent) > 1, sent
+    # Every rank here shares rank 0's host: rank 0 tells each directly, so none waits on a relay that
+    # may be stopped or idle (the tree spans the other hosts; the protocol model checks it).
+    assert sent[0] == N - 1, sent
     engines.recovered(marker)
 
 
