@@ -70,7 +70,7 @@ def reduce_in_place(buffers: Sequence[np.ndarray], op: str | Sequence[str] = "su
     """
     ops = [op] * len(buffers) if isinstance(op, str) else list(op)
     layout = (tuple(ops), tuple((b.shape, b.dtype.str) for b in buffers))
-    with collective(comm, name, layout, timeout=timeout, votes=_stop_vote(stop) or votes,
+    with collective(comm, name, layout, timeout=timeout, votes=_with_stop(votes, stop),
                     what=f"{name}'s buffers") as call:
         if not _stopped(call, stop):
             for kind in dict.fromkeys(ops):
@@ -93,7 +93,7 @@ def allreduce(arrays: Sequence[np.ndarray], op: str = "sum", *, out: Sequence[np
 def allgather(obj: Any, *, comm: Any = None, name: str, timeout: Any = DEFAULT, stop: StopFlag | None = None,
               where: str = "") -> list[Any]:
     """Every rank's ``obj`` (pickled), in rank order, on every rank; ``stop`` as in :func:`_stop_together`."""
-    with collective(comm, name, timeout=timeout, votes=_stop_vote(stop)) as call:
+    with collective(comm, name, timeout=timeout, votes=_with_stop((), stop)) as call:
         gathered = None if _stopped(call, stop) else call.allgather(obj)
     _stop_together(call, stop, where)
     return gathered
@@ -206,12 +206,20 @@ def _no_rows_message(name: str, scalars: list[bool], size: int) -> str:
             "array for a column of scalars (np.atleast_1d(x), or np.empty(0) on a rank without rows).")
 
 
-def _stop_vote(stop: StopFlag | None) -> tuple[int, ...]:
-    return () if stop is None else (int(stop.requested),)
+_STOP_VOTE = 2  # a cooperative stop rides in the arrival's last vote; the caller's take the others
+
+
+def _with_stop(votes: tuple[int, ...], stop: StopFlag | None) -> tuple[int, ...]:
+    """The caller's ``votes`` with ``stop``'s request in the last place (they keep theirs)."""
+    if stop is None:
+        return tuple(votes)
+    if len(votes) > _STOP_VOTE:
+        raise ValueError(f"at most {_STOP_VOTE} votes ride beside a stop flag, not {len(votes)}")
+    return tuple(votes) + (0,) * (_STOP_VOTE - len(votes)) + (int(stop.requested),)
 
 
 def _stopped(call: Op, stop: StopFlag | None) -> bool:
-    return stop is not None and call.votes[0] > 0
+    return stop is not None and call.votes[_STOP_VOTE] > 0
 
 
 def _stop_together(call: Op, stop: StopFlag | None, where: str) -> None:

@@ -65,6 +65,22 @@ def test_reduce_in_place_takes_an_op_per_buffer_and_votes_in_the_arrival() -> No
     assert op.votes == (1, 0, 0)  # the last rank's vote, known to every rank
 
 
+def test_a_stop_flag_keeps_the_callers_votes_beside_its_own() -> None:
+    from mpinb import _collective
+    from mpinb.interrupt import StopFlag
+
+    stop = StopFlag()
+    if RANK == SIZE - 1:
+        stop.request()
+    sums = np.full(2, 1.0)
+    with pytest.raises(KeyboardInterrupt, match="the test's loop"):
+        _collective.reduce_in_place([sums], name="test's stopped reduction", votes=(RANK + 1,), stop=stop,
+                                    where="the test's loop")
+    np.testing.assert_array_equal(sums, np.full(2, 1.0))  # a stop moves no data
+    op = _collective.reduce_in_place([sums], name="test's reduction", votes=(RANK + 1, 2), stop=StopFlag())
+    assert op.votes == (SIZE, 2, 0) and sums[0] == SIZE  # the caller's votes, no stop
+
+
 @pytest.mark.mpi_sizes(2, 3, 4)
 def test_a_second_thread_in_a_collective_gets_an_error_at_once() -> None:
     """Rank 0 calls from a second thread while its first thread's collective is in progress: the
