@@ -14,6 +14,7 @@ import numpy as np
 
 from mpinb import _collective
 from mpinb._rows import Shard, Totals
+from mpinb.kmeans._distances import NO_WEIGHTS
 from mpinb.kmeans._kernels import kernels
 
 __all__ = ["KMeansShard", "kmeans_shard", "relative_tol"]
@@ -47,7 +48,7 @@ class KMeansShard(Shard):
         stats = np.zeros(d + 1)
         biggest = np.zeros(1)
         unit = weights is None
-        biggest[0] = passes.centred_stats(X, mean, _NO_WEIGHTS if unit else weights, not unit, stats)
+        biggest[0] = passes.centred_stats(X, mean, NO_WEIGHTS if unit else weights, not unit, stats)
         _collective.reduce_in_place([stats, biggest], ["sum", "max"], comm=comm, name=f"{name}'s variance")
         return cls(
             **Shard.facts(X, weights, totals, comm=comm, name=name),
@@ -57,9 +58,6 @@ class KMeansShard(Shard):
             sq_norm_total=float(stats[d]),
         )
 
-
-# Stands in for unit weights in the executors' passes (which take a flag instead of None).
-_NO_WEIGHTS = np.empty(0)
 
 
 def kmeans_shard(
