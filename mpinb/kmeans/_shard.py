@@ -59,7 +59,6 @@ class KMeansShard(Shard):
         )
 
 
-
 def kmeans_shard(
     X: np.ndarray, weights: np.ndarray | None, local_sum: np.ndarray, *, n_clusters: int, init: Any,
     comm: Any, name: str,
