@@ -51,6 +51,22 @@ def session_members(sessions: Iterable[int]) -> list[int]:
     return sorted(found)
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (``True`` where another user's process
+    hides it: it exists)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is gone too: it only waits for its parent to collect its status
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def kill(pid: int) -> None:
     """SIGKILL ``pid`` if it still exists."""
     send(pid, signal.SIGKILL)

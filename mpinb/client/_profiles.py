@@ -8,7 +8,6 @@ it. The profile's ``security/cluster-<id>.json`` files list the clusters, with t
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 __all__ = ["newest_cluster_id"]
@@ -63,10 +62,6 @@ def _controller_runs(controller: dict) -> bool:
     pid = state.get("pid")
     if controller.get("class") != "local" or not pid:
         return True  # started through a batch system or ssh: only its launcher could tell
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    from mpinb.client._processes import alive
+
+    return alive(int(pid))

@@ -80,22 +80,8 @@ class Watchdog:
             self.process.wait()
 
 
-def _owner_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is gone too: it only waits for its parent to collect its status
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def main(owner: int) -> None:
-    from mpinb.client._processes import descendants, end, remove_files, session_members
+    from mpinb.client._processes import alive, descendants, end, remove_files, session_members
 
     watched: set[int] = set()
     leftovers: set[str] = set()
@@ -119,7 +105,7 @@ def main(owner: int) -> None:
                     command = json.loads(line.decode().split(" ", 1)[1])
                 if words[:1] == ["remove"]:
                     leftovers.update(json.loads(line.decode().split(" ", 1)[1]))
-        elif not _owner_alive(owner):
+        elif not alive(owner):
             break
     trees = set(watched)
     for pid in watched:
