@@ -14,29 +14,7 @@ from mpinb._training.packing import Packer, divide_by_rows, sum_over_ranks
 from mpinb.agreement import check_same
 from mpinb.comm import allreduce, gather_rows
 
-__all__ = ["ArrayAverager", "average_arrays", "gather_logs", "sum_arrays"]
-
-
-def average_arrays(arrays: Sequence[np.ndarray], *, comm: Any, share: float | None = None) -> list[np.ndarray]:
-    """Mean over ranks of each floating-point array, in its own precision (half in float32); other
-    arrays unchanged. With ``share`` (this rank's weight over the sum of every rank's weights, say
-    its rows over all rows), the weighted mean; a rank of share 0 takes no part, whatever it holds.
-
-    Collective: one fused Allreduce per dtype. A mean of a few float32 values loses nothing that
-    float32 weights could hold, and widening to float64 would double the bytes moved and add two
-    passes over them (the weight strategy averages megabytes every few steps). Integer state such as
-    an optimizer's step counter is equal on every rank by construction and averaging it would turn
-    it into a float, so it is left alone.
-    """
-    floats = [i for i, a in enumerate(arrays) if np.asarray(a).dtype.kind == "f"]
-    values = [np.asarray(arrays[i]) for i in floats]
-    if share is not None:
-        values = [v * v.dtype.type(share) if share else np.zeros_like(v) for v in values]
-    reduced = allreduce(values, op="mean" if share is None else "sum", comm=comm)
-    out = [np.asarray(a) for a in arrays]
-    for i, r in zip(floats, reduced):
-        out[i] = np.asarray(r).astype(out[i].dtype, copy=False)
-    return out
+__all__ = ["ArrayAverager", "gather_logs", "sum_arrays"]
 
 
 def sum_arrays(arrays: Sequence[np.ndarray], *, comm: Any) -> list[np.ndarray]:
@@ -85,8 +63,9 @@ class ArrayAverager:
     """Averages arrays of one fixed layout over ranks again and again (the weight strategy's
     average every few steps), through one reused packed buffer per dtype.
 
-    Compared with :func:`average_arrays` it skips the per-call layout check (done once per layout),
-    the scratch copy and the division pass: arrays are scaled by ``1/size`` while they are packed.
+    The one averager of mpinb (the weight strategy's averages, the non-trainable variables at an
+    epoch's end): the layout is checked once per layout, and arrays are scaled by ``1/size`` (or by
+    this rank's rows) while they are packed, so no scratch copy and no division pass follow.
     """
 
     def __init__(self, comm: Any) -> None:

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 
 from mpinb._checks import check_int, default_comm
-from mpinb._training.averaging import average_arrays, gather_logs
+from mpinb._training.averaging import ArrayAverager, gather_logs
 from mpinb._training.packing import bcast_arrays
 from mpinb._training.stopping import JointStop
 from mpinb.agreement import check_same
@@ -321,5 +321,6 @@ def sync_non_trainable(model: Any, *, comm: Any = None, share: float | None = No
     variables = [v for v in model.non_trainable_variables if np.dtype(str(v.dtype)).kind == "f"]
     if comm.Get_size() == 1 or not variables:
         return
-    for v, value in zip(variables, average_arrays([v.numpy() for v in variables], comm=comm, share=share)):
+    means, _ = ArrayAverager(comm).average([v.numpy() for v in variables], share)
+    for v, value in zip(variables, means):
         v.assign(value)
