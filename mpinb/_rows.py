@@ -2,12 +2,12 @@
 
 The rows of a data set are held in rank order, ``counts[r]`` of them on rank ``r``: a global row
 index names one row wherever it is, and every rank can tell which rank holds it from the counts
-alone (:class:`Layout`), as it can tell which rank holds a point of any cumulative per-rank total,
+alone (:class:`RowMap`), as it can tell which rank holds a point of any cumulative per-rank total,
 such as the weights (:func:`owners`). A :class:`Shard` is this rank's rows with the global facts
 every estimator may need -- rows, weight and rows of positive weight per rank, the output dtype --
 identical on every rank; an estimator extends it with its own summary (k-means:
 :class:`mpinb.kmeans._shard.KMeansShard`). Random choices made by global row index, and rows
-gathered by index (:meth:`Layout.rows`), make an estimator's result independent of the number of
+gathered by index (:meth:`RowMap.rows`), make an estimator's result independent of the number of
 ranks.
 
 Private; collective unless a function says local.
@@ -22,7 +22,7 @@ import numpy as np
 
 from mpinb import _collective
 
-__all__ = ["Layout", "Shard", "Totals", "gather_chosen_rows", "owners", "spans"]
+__all__ = ["RowMap", "Shard", "Totals", "gather_chosen_rows", "owners", "spans"]
 
 
 def spans(ends: np.ndarray, points: np.ndarray) -> np.ndarray:
@@ -46,7 +46,7 @@ def owners(ends: np.ndarray, points: np.ndarray, eligible: np.ndarray, side: str
     return ranks[np.minimum(at, ranks.size - 1)]
 
 
-class Layout:
+class RowMap:
     """Global row index -> (rank, local row) for rows held in rank order. Local, except
     :meth:`rows`."""
 
@@ -134,7 +134,7 @@ class Shard:
 
     X: np.ndarray
     weights: np.ndarray | None  # None means unit weights, without an n-row array of ones
-    layout: Layout
+    layout: RowMap
     weight_sums: np.ndarray  # weight per rank
     positive: np.ndarray  # rows with positive weight per rank
     out_dtype: np.dtype  # float32 only when every rank passed float32 rows
@@ -165,7 +165,7 @@ class Shard:
         return dict(
             X=X,
             weights=weights,
-            layout=Layout(totals.counts, comm),
+            layout=RowMap(totals.counts, comm),
             weight_sums=totals.weight_sums,
             positive=totals.positive,
             out_dtype=np.dtype(np.float32) if totals.all_float32 else np.dtype(np.float64),

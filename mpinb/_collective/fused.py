@@ -1,9 +1,12 @@
 """The fused reduction: many arrays of any shapes and dtypes reduced with one message per dtype.
 
-Every reduction of several arrays in mpinb goes through here (``mpinb.allreduce``, the gradient
-exchange and the weight average build on it), so packing, wire dtypes, reused wire buffers and the
-mean are written once. Small arrays of one dtype share a packed buffer; large ones, and a small one
-alone of its dtype, travel on their own, straight from the input into the result, with no packing copy.
+``mpinb.allreduce`` and the estimators' sums go through here, so wire dtypes, reused wire buffers
+and the mean are written once. Small arrays of one dtype share a packed buffer; large ones, and a
+small one alone of its dtype, travel on their own, straight from the input into the result, with no
+packing copy. The gradient exchange and the weight averages do not: they fill their own aligned
+buffers (:class:`mpinb._training.packing.Packer`, scaling and checking finiteness in the same pass,
+buffers TensorFlow wraps without a copy) and reduce them in place. Both lay arrays out with
+:class:`mpinb._layout.Layout` and reuse buffers through :class:`mpinb._layout.BufferPool`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from mpinb._constraints import (
 )
 from mpinb._estimator import agree
 from mpinb._inputs import as_data, as_weights, check_width, raise_nonfinite
-from mpinb._rows import Layout
+from mpinb._rows import RowMap
 from mpinb.agreement import raise_together
 from mpinb.kmeans._distances import column_sums
 from mpinb.kmeans._fitted import FittedCentres
@@ -77,7 +77,7 @@ class Start:
     X: np.ndarray
     weights: np.ndarray | None
     data: KMeansShard | None  # None when resuming a fitted model (partial_fit)
-    layout: Layout
+    layout: RowMap
     rng: np.random.RandomState
 
     @property
@@ -149,7 +149,7 @@ class KMeansBase(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
         agree(params.describe(), None if fitted else X.shape[1], name, comm=comm)
         data = None
         if fitted:
-            layout = Layout(_rows_per_rank(X, comm, method), comm)
+            layout = RowMap(_rows_per_rank(X, comm, method), comm)
         else:
             data = kmeans_shard(
                 X, weights, local_sum, n_clusters=params.n_clusters, init=params.init, comm=comm, name=method

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpinb._rows import Layout, Shard, Totals, owners, spans
+from mpinb._rows import RowMap, Shard, Totals, owners, spans
 from mpinb.kmeans._kernels import NUMPY
 from mpinb.kmeans._shard import KMeansShard
 
@@ -15,7 +15,7 @@ SELF = MPI.COMM_SELF
 
 
 class FakeComm:
-    """Rank ``rank`` of ``size``, for what a Layout computes locally."""
+    """Rank ``rank`` of ``size``, for what a RowMap computes locally."""
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
@@ -31,7 +31,7 @@ def test_owner_is_the_rank_whose_rows_hold_the_index() -> None:
     counts = np.array([3, 0, 2, 0, 4])  # ranks without rows own nothing
     by_row = np.repeat(np.arange(counts.size), counts)
     for rank in range(counts.size):
-        layout = Layout(counts, FakeComm(rank, counts.size))
+        layout = RowMap(counts, FakeComm(rank, counts.size))
         assert layout.n_total == 9 and layout.offset == int(counts[:rank].sum())
         np.testing.assert_array_equal(layout.owner(np.arange(9)), by_row)
     # Past the end is past the last rank; a point on a boundary belongs to the next span.
@@ -43,7 +43,7 @@ def test_mine_is_this_ranks_positions_and_local_rows() -> None:
     index = np.array([8, 0, 3, 4, 2, 5, 3])
     by_rank = np.repeat(np.arange(counts.size), counts)
     for rank in range(counts.size):
-        layout = Layout(counts, FakeComm(rank, counts.size))
+        layout = RowMap(counts, FakeComm(rank, counts.size))
         at, local = layout.mine(index)
         np.testing.assert_array_equal(at, np.flatnonzero(by_rank[index] == rank))
         np.testing.assert_array_equal(local, index[at] - layout.offset)
@@ -69,7 +69,7 @@ def test_rows_by_index_in_order_with_repeats() -> None:
     X = np.arange(20.0).reshape(10, 2)
     w = np.linspace(0.5, 5.0, 10)
     index = np.array([7, 0, 7, 3])
-    rows, weights = Layout(np.array([10]), SELF).rows(X, w, index, np.float32, name="test rows")
+    rows, weights = RowMap(np.array([10]), SELF).rows(X, w, index, np.float32, name="test rows")
     assert rows.dtype == np.float32
     np.testing.assert_array_equal(rows, X[index])
     np.testing.assert_array_equal(weights, w[index])
