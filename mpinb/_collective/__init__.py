@@ -154,10 +154,13 @@ def barrier(*, comm: Any = None, name: str, timeout: Any = DEFAULT, layout: Any 
         return call.waited
 
 
-def vote(value: int, *, comm: Any = None, name: str, timeout: Any = DEFAULT) -> int:
-    """The largest of every rank's non-negative ``value``: it rides in the arrival, no message of its own."""
-    with collective(comm, name, timeout=timeout, votes=(int(value),)) as call:
-        return call.votes[0]
+def vote(value: int | Sequence[int], *, comm: Any = None, name: str, timeout: Any = DEFAULT) -> Any:
+    """The largest of every rank's non-negative ``value`` (or, for up to three values, of each):
+    it rides in the arrival, no message of its own."""
+    several = not isinstance(value, (int, np.integer))
+    values = tuple(int(v) for v in value) if several else (int(value),)
+    with collective(comm, name, timeout=timeout, votes=values) as call:
+        return call.votes[:len(values)] if several else call.votes[0]
 
 
 def failures(report: Any, *, root: int | None = None, comm: Any = None, name: str,

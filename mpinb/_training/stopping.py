@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinb.comm import allreduce
+from mpinb import _collective
 from mpinb.interrupt import StopFlag
 
 __all__ = ["JointStop"]
@@ -20,7 +20,7 @@ class JointStop:
     Collective where it votes (:meth:`vote`); local otherwise. Each rank votes (interrupt, stop,
     non-finite); a vote on any rank stops every rank at the step where the votes were reduced,
     either with the gradients (a :class:`~mpinb._training.exchange.GradientExchange` carries them)
-    or by :meth:`vote`'s small Allreduce. A local stop request (another callback setting the
+    or in :meth:`vote`'s arrival (no message of its own). A local stop request (another callback setting the
     framework's stop flag on one rank) is held back, not acted on, and voted in the next reduction.
 
     ``stopped`` is ``(reason, epoch, step)`` once decided, with reason ``"interrupt"``,
@@ -58,11 +58,11 @@ class JointStop:
         return (self.flag.value, self._pending)
 
     def vote(self, loss: Any, stop: bool = False) -> tuple[bool, bool, bool]:
-        """Collective: whether any rank votes (interrupt, stop, non-finite ``loss``), in one
-        three-number Allreduce. ``stop`` adds a stop request made just now."""
+        """Collective: whether any rank votes (interrupt, stop, non-finite ``loss``): the three
+        votes ride in one operation's arrival. ``stop`` adds a stop request made just now."""
         bad = loss is not None and not math.isfinite(float(np.asarray(loss)))
-        local = [self.flag.value, max(self._pending, float(stop)), float(bad)]
-        interrupt, stopping, nonfinite = (v > 0 for v in allreduce([np.array(local)], comm=self.comm)[0])
+        local = (int(self.flag.requested), int(self._pending > 0 or stop), int(bad))
+        interrupt, stopping, nonfinite = (v > 0 for v in _collective.vote(local, comm=self.comm, name="the training's stop vote"))
         return interrupt, stopping, nonfinite
 
     def decide(self, interrupt: bool, nonfinite: bool, stop: bool, epoch: int, step: int | None) -> bool:
