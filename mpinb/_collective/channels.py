@@ -34,27 +34,13 @@ from mpinb._collective import board as _board
 from mpinb._collective import cells, texts
 from mpinb._collective import notices as _notices
 from mpinb._collective import protocol as _p
+from mpinb._collective.generation import Gen
 from mpinb._collective.ops import Op, Retry, digest_of
 from mpinb._collective.wait import SPIN, DeadlinePassed, PeerLeft, poll
 from mpinb.deadline import DEFAULT, resolve
 from mpinb.errors import CollectiveAbandoned
 
 __all__ = ["Channel", "Gen"]
-
-
-class Gen:
-    """One generation of the data communicator."""
-
-    __slots__ = ("number", "comm", "request", "index", "revoked", "abandoned_here", "pending", "left", "freed")
-
-    def __init__(self, number: int, comm: Any, request: Any) -> None:
-        self.number, self.comm, self.request = number, comm, request
-        self.index = 0  # operations begun on it
-        self.revoked: dict[str, Any] | None = None  # the notice that ended it
-        self.abandoned_here = False
-        self.pending: list[tuple[Any, Any]] = []  # (requests, buffers) MPI may still use
-        self.left = False
-        self.freed = False
 
 
 class Channel:

@@ -31,7 +31,8 @@ from mpinb._digest import int_digest
 from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
 
 if TYPE_CHECKING:
-    from mpinb._collective.channels import Channel, Gen
+    from mpinb._collective.generation import Gen
+    from mpinb._collective.interfaces import ChannelPort as Channel
 
 __all__ = ["Op", "Retry", "digest_of"]
 

@@ -14,8 +14,9 @@ from mpinb._words import describe_mismatch, ranks
 from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
 
 if TYPE_CHECKING:
-    from mpinb._collective.channels import Channel, Gen
-    from mpinb._collective.ops import Op
+    from mpinb._collective.generation import Gen
+    from mpinb._collective.interfaces import ChannelPort as Channel
+    from mpinb._collective.interfaces import OpView as Op
 
 NEXT = ("mpinb moves every rank to a fresh communicator, so the next collective works once every rank "
          "calls it.")

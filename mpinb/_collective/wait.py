@@ -17,8 +17,8 @@ from mpinb import interrupt as _interrupt
 from mpinb._collective.protocol import revocation_reaches
 
 if TYPE_CHECKING:
-    from mpinb._collective.channels import Channel
-    from mpinb._collective.ops import Op
+    from mpinb._collective.interfaces import ChannelPort as Channel
+    from mpinb._collective.interfaces import OpView as Op
 
 __all__ = ["DeadlinePassed", "PeerGaveUp", "PeerLeft", "poll"]
 

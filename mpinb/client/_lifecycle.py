@@ -13,7 +13,7 @@ import contextlib
 import os
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from mpinb.client._ipp import engine_uuids
 from mpinb.client._processes import (descendants, end, kill, launcher_files_of, remove_files, session_members,
@@ -22,9 +22,35 @@ from mpinb.client._watchdog import Watchdog
 
 if TYPE_CHECKING:
     from mpinb.client._options import LaunchOptions
-    from mpinb.client.cluster import MPICluster
 
-__all__ = ["Joined", "Owned", "tracked_pids"]
+__all__ = ["ClusterHandle", "Joined", "Owned", "tracked_pids"]
+
+
+class ClusterHandle(Protocol):
+    """What these paths use of the ``MPICluster`` that holds them (named here, not imported: the
+    cluster imports this module)."""
+
+    n: int
+    timeout: float
+    cluster: Any
+    client: Any
+    view: Any
+    _ids_by_rank: list[int]
+    _path: Owned | Joined
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+    def _identify(self, ids: list[int]) -> None: ...
+
+    def _disconnect(self) -> None: ...
+
+    @property
+    def _local_engine_pids(self) -> list[int]: ...
+
+
+_Held = TypeVar("_Held", bound=ClusterHandle)
 
 _STOP_GRACE = 5.0  # seconds the cluster's processes get to exit after ipyparallel's stop
 
@@ -45,7 +71,7 @@ class Owned:
         """Whether every engine runs here: then Hydra's control port answers loopback alone."""
         return self.options.on_this_machine
 
-    def start(self, mc: MPICluster) -> None:
+    def start(self, mc: ClusterHandle) -> None:
         self.slurm = self.options.slurm_engines(mc.n)
         # The engines' own temporary folder (TensorFlow's generated code, anything else they
         # write): removed with the cluster, however it ends.
@@ -86,7 +112,7 @@ class Owned:
             mc.stop()
             raise
 
-    def stop(self, mc: MPICluster) -> None:
+    def stop(self, mc: ClusterHandle) -> None:
         pids = tracked_pids(mc)
         mc._disconnect()
         if mc.cluster is not None:
@@ -107,7 +133,7 @@ class Owned:
             self.watchdog = None
         mc.cluster = None
 
-    def restart(self, mc: MPICluster, timeout: float | None) -> None:
+    def restart(self, mc: ClusterHandle, timeout: float | None) -> None:
         # A fresh controller too, so that engine ids are MPI ranks again.
         saved = mc.timeout
         mc.timeout = saved if timeout is None else float(timeout)
@@ -117,10 +143,10 @@ class Owned:
         finally:
             mc.timeout = saved
 
-    def enter(self, mc: MPICluster) -> MPICluster:
+    def enter(self, mc: _Held) -> _Held:
         return mc.start()
 
-    def _cancel_on_death(self, mc: MPICluster) -> None:
+    def _cancel_on_death(self, mc: ClusterHandle) -> None:
         """A Slurm job's engines run where no PID of ours reaches: the watchdog cancels the job."""
         if self.slurm is not None and self.watchdog is not None:
             if mc.view is not None:
@@ -136,7 +162,7 @@ class Joined:
     watchdog = None  # it must outlive this notebook
     slurm = None
 
-    def connect(self, mc: MPICluster, profile: str | None, profile_dir: str | None, cluster_id: str) -> None:
+    def connect(self, mc: ClusterHandle, profile: str | None, profile_dir: str | None, cluster_id: str) -> None:
         import ipyparallel as ipp
 
         from mpinb.client._profiles import newest_cluster_id
@@ -153,13 +179,13 @@ class Joined:
         mc.n = len(mc.client.ids)
         mc._identify(sorted(mc.client.ids))
 
-    def start(self, mc: MPICluster) -> None:
+    def start(self, mc: ClusterHandle) -> None:
         raise RuntimeError("This MPICluster joined a cluster it did not start (connect()); it cannot start one.")
 
-    def stop(self, mc: MPICluster) -> None:
+    def stop(self, mc: ClusterHandle) -> None:
         mc._disconnect()  # the cluster keeps running for whoever started it
 
-    def restart(self, mc: MPICluster, timeout: float | None) -> None:
+    def restart(self, mc: ClusterHandle, timeout: float | None) -> None:
         # New engines under the cluster's own controller (found from its cluster file).
         old = _engine_keys(mc.client)
         kill_engines(mc)
@@ -167,11 +193,11 @@ class Joined:
         mc.cluster.start_engines_sync(mc.n)
         mc._identify(wait_for_new_engines(mc, old, timeout=timeout))
 
-    def enter(self, mc: MPICluster) -> MPICluster:
+    def enter(self, mc: _Held) -> _Held:
         return mc
 
 
-def wait_for_new_engines(mc: MPICluster, old: set[Any], timeout: float | None = None) -> list[int]:
+def wait_for_new_engines(mc: ClusterHandle, old: set[Any], timeout: float | None = None) -> list[int]:
     """Ids of ``mc.n`` engines that were not registered before (``old``: their (id, uuid) pairs)."""
     limit = mc.timeout if timeout is None else timeout
     deadline = time.monotonic() + limit
@@ -192,7 +218,7 @@ def wait_for_new_engines(mc: MPICluster, old: set[Any], timeout: float | None = 
         time.sleep(0.05)
 
 
-def kill_engines(mc: MPICluster) -> None:
+def kill_engines(mc: ClusterHandle) -> None:
     """SIGKILL the engines' mpiexec trees: graceful stops wait on ranks that may be spinning."""
     if mc.cluster is None:
         return
@@ -205,7 +231,7 @@ def kill_engines(mc: MPICluster) -> None:
         kill(pid)
 
 
-def tracked_pids(mc: MPICluster) -> list[int]:
+def tracked_pids(mc: ClusterHandle) -> list[int]:
     """Every process of ``mc``'s cluster on this host: engines, controller, mpiexec, their trees,
     and what is left in the sessions they lead (the children of a controller killed first)."""
     pids = list(mc._local_engine_pids)
