@@ -9,6 +9,9 @@ it, and :func:`by_rank` gives each rank's own error, one attribute away
 
 from __future__ import annotations
 
+import re
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from mpinb._words import rank_ranges
@@ -16,11 +19,52 @@ from mpinb._words import rank_ranges
 __all__ = ["by_rank", "rank_of_engine", "remember_ranks", "render"]
 
 _rank_of_engine: dict[int, int] = {}
+_deaths_of: dict[int, Callable[[], str | None]] = {}  # engine id -> its cluster's deaths(), weakly
 
 
-def remember_ranks(ids_by_rank: list[int]) -> None:
-    """Record which MPI rank each engine id is (``MPICluster`` calls it whenever it identifies)."""
+def remember_ranks(ids_by_rank: list[int], deaths: Callable[[], str | None] | None = None) -> None:
+    """Record which MPI rank each engine id is, and how to learn which of them died first
+    (``MPICluster`` calls it whenever it identifies, with its bound ``deaths``)."""
     _rank_of_engine.update({eid: rank for rank, eid in enumerate(ids_by_rank)})
+    if deaths is not None:
+        _deaths_of.update(dict.fromkeys(ids_by_rank, _weakly(deaths)))
+
+
+def _weakly(method: Callable[[], str | None]) -> Callable[[], str | None]:
+    """``method`` (bound), called only while its object lives: a closed cluster is not kept alive."""
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+
+    def call() -> str | None:
+        bound = ref()
+        return None if bound is None else bound()
+
+    return call
+
+
+# ipyparallel's client makes the error of an engine that died itself, with no engine info: the
+# engine is only in its text.
+_DIED = re.compile(r"Engine (\d+) died")
+
+
+def _engine_of(ename: str, evalue: Any, engine_info: dict | None) -> int | None:
+    eid = (engine_info or {}).get("engine_id")
+    if eid is None and ename == "EngineError" and (m := _DIED.search(str(evalue))):
+        eid = int(m[1])
+    return None if eid is None else int(eid)
+
+
+def _deaths(self: Any) -> str | None:
+    """Which rank died first, for a ``CompositeError`` with dead engines (``%%px`` sets it; for
+    ``view.execute`` and ``AsyncResult.get`` it is asked of the engines' cluster here)."""
+    if not hasattr(self, "mpinb_deaths"):
+        report = None
+        for en, ev, _, ei in self.elist:
+            ask = _deaths_of.get(_engine_of(en, ev, ei)) if en == "EngineError" else None  # type: ignore[arg-type]
+            if ask is not None:
+                report = ask()
+                break
+        self.mpinb_deaths = report
+    return self.mpinb_deaths
 
 
 def rank_of_engine(engine_id: int) -> int:
@@ -28,11 +72,17 @@ def rank_of_engine(engine_id: int) -> int:
     return _rank_of_engine.get(engine_id, engine_id)
 
 
-def _who(engine_info: dict | None) -> tuple[str, int]:
-    eid = (engine_info or {}).get("engine_id")
+def _same(ename: str, evalue: Any) -> str:
+    """What makes two errors the same for grouping: the text, but one death is like another (each
+    names its own engine and task)."""
+    return "died" if ename == "EngineError" and _DIED.search(str(evalue)) else str(evalue)
+
+
+def _who(ename: str, evalue: Any, engine_info: dict | None) -> tuple[str, int]:
+    eid = _engine_of(ename, evalue, engine_info)
     if eid in _rank_of_engine:
-        return "rank", _rank_of_engine[eid]
-    return "engine", -1 if eid is None else int(eid)
+        return "rank", _rank_of_engine[eid]  # type: ignore[index]
+    return "engine", -1 if eid is None else eid
 
 
 def by_rank(self: Any) -> dict[int, Any]:
@@ -41,7 +91,7 @@ def by_rank(self: Any) -> dict[int, Any]:
 
     out = {}
     for en, ev, etb, ei in self.elist:
-        kind, number = _who(ei)
+        kind, number = _who(en, ev, ei)
         if kind == "rank":
             out[number] = error.RemoteError(en, ev, etb, ei)
     return out
@@ -51,12 +101,12 @@ def render(self: Any, excid: int | None = None) -> list[str]:
     """The lines a ``CompositeError`` (``self``) shows: each distinct error once, with its ranks."""
     if excid is not None:
         en, ev, etb, ei = self.elist[excid]
-        return [f"[{' '.join(map(str, _who(ei)))}]:", *(etb or "No traceback available").splitlines()]
+        return [f"[{' '.join(map(str, _who(en, ev, ei)))}]:", *(etb or "No traceback available").splitlines()]
     groups: dict[tuple[str, str], list[tuple[tuple[str, int], str]]] = {}
     for en, ev, etb, ei in self.elist:
-        groups.setdefault((en, str(ev)), []).append((_who(ei), etb or "No traceback available"))
+        groups.setdefault((en, _same(en, ev)), []).append((_who(en, ev, ei), etb or "No traceback available"))
     lines = []
-    deaths = getattr(self, "mpinb_deaths", None)
+    deaths = _deaths(self)
     if deaths:
         lines += [f"mpinb: {deaths}", ""]
     for (en, _), members in groups.items():

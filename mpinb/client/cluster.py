@@ -10,7 +10,7 @@ import numpy as np
 from mpinb import _engine
 from mpinb.client import _health
 from mpinb.client._health import Health
-from mpinb.client._ipp import activate, stamp_cells
+from mpinb.client._ipp import activate, group_composite_errors, stamp_cells
 from mpinb.client._lifecycle import Joined, Owned, tracked_pids
 from mpinb.client._options import LaunchOptions
 from mpinb.client._tracebacks import remember_ranks
@@ -312,7 +312,8 @@ class MPICluster:
         self._ids_by_rank = [eid for eid, _ in sorted(by_eid.items(), key=lambda item: item[1]["rank"])]
         self._engine_pids = [by_eid[eid]["pid"] for eid in self._ids_by_rank]
         self._engine_hosts = [by_eid[eid]["host"] for eid in self._ids_by_rank]
-        remember_ranks(self._ids_by_rank)
+        remember_ranks(self._ids_by_rank, self.deaths)
+        group_composite_errors()  # view.execute's errors too, not only %%px's, by rank
         stamp_cells(self.client)  # every engine learns which cell a request belongs to
         self.view = self.client.direct_view(targets=self._ids_by_rank)
         self.view.block = True

@@ -579,6 +579,10 @@ def test_a_killed_rank_is_named_and_restart_replays_the_setup() -> None:
         # The signal comes from mpiexec's report, which it writes only if it ends the job itself.
         assert deaths is not None and re.match(
             rf"rank 1 \(engine {cluster.ids_by_rank[1]}, pid {pid}\) died( \(SIGKILL\))?; ", deaths), deaths
+        # view.execute's error says the same, and names the engines by rank.
+        shown = "\n".join(info.value.render_traceback())
+        assert f"mpinb: rank 1 (engine {cluster.ids_by_rank[1]}, pid {pid}) died" in shown, shown
+        assert "EngineError on rank" in shown, shown
         health = cluster.healthy(timeout=2)
         assert not health and 1 in health.dead, health
         with pytest.raises(RuntimeError, match=r"the engines of ranks? .*are gone.*cluster.restart\(\)"):
