@@ -9,8 +9,8 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
 - ``model``      the collective protocol's model: the real layer over simulated ranks, MPI and clock,
                  driven through every ordering (exhaustive at 2-3 ranks, seeded walks at 4-16) with
                  faults injected, and seeded protocol bugs it must catch; ends with one line
-                 ``model: N schedules, 0 violations, M of M mutants caught``; beside the cluster,
-                 multihost and slurm tiers at nice 19 when they run too (they leave ~70 % idle);
+                 ``model: N schedules, 0 violations, M of M mutants caught`` (100,000 schedules
+                 alone, 25,000 in a whole-suite run);
 - ``mpi``        ``mpiexec -n N python -m mpi4py -m pytest tests/mpi`` for N in 1, 2, 3, 4, each under a
                  hard timeout (an exception on one rank aborts the job instead of hanging it);
 - ``cluster``    real ipyparallel clusters of MPI engines: start, connect, restart, interrupts,
@@ -54,11 +54,11 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 TIERS = ("unit", "model", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser", "docs")
 MPI_SIZES = (1, 2, 3, 4)
+SUITE_SCHEDULES = 25_000  # the model tier's schedules in a whole-suite run (see main)
 # Hard limits: a hung collective ends the run instead of eating CI's budget (each test also has its
 # own PER_TEST_TIMEOUT). The 4-rank MPI tier takes about 470 s on an idle 2-core machine and the
 # cluster tier about 470 s, so 600 s left no room for a slower CI host: they get 900 s.
-MODEL_BESIDE = ("cluster", "multihost", "slurm")  # the tiers the model runs beside (see main)
-TIER_TIMEOUT = {"unit": 600, "model": 900, "mpi": 900, "cluster": 900, "multihost": 300, "slurm": 300, "notebooks": 900,
+TIER_TIMEOUT = {"unit": 600, "model": 600, "mpi": 900, "cluster": 900, "multihost": 300, "slurm": 300, "notebooks": 900,
                 "browser": 300, "docs": 300}
 PER_TEST_TIMEOUT = 180
 # How many of the slowest tests each tier reports (MPINB_TEST_DURATIONS=0: all of them).
@@ -110,6 +110,10 @@ def main() -> int:
     # Put the venv's mpiexec first on PATH for anything the tests start.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     extra = ["-k", args.keyword] if args.keyword else []
+    if args.tier is None:
+        # The whole suite on CI's two cores has 15 minutes: the model explores a quarter of what
+        # ``--tier model`` does alone (100,000 schedules, ~100 s here), every mutant included.
+        env.setdefault("MPINB_MODEL_SCHEDULES", str(SUITE_SCHEDULES))
 
     failures: list[str] = []
     started = time.monotonic()
@@ -117,21 +121,9 @@ def main() -> int:
     # The unit tier and the 1-rank MPI tier each keep about one core busy: on CI's two cores they
     # run side by side (about two minutes saved), the unit tier's output printed when it ends.
     unit_beside = "unit" in tiers and "mpi" in tiers and 1 in sizes
-    # The model tier is pure computation, and the cluster, multihost and slurm tiers leave about 70 %
-    # of two cores idle (engines starting, ranks sleeping in the scenarios, Slurm scheduling): the
-    # model runs beside them at the lowest CPU priority, so it takes only what they leave, and is
-    # waited for before the next tier (or at the end).
-    model_beside = "model" in tiers and "cluster" in tiers
-    model: Beside | None = None
     for tier in tiers:
-        if (tier == "unit" and unit_beside) or (tier == "model" and model_beside):
+        if tier == "unit" and unit_beside:
             continue
-        if model is not None and tier not in MODEL_BESIDE:
-            failures += finish_model(model)
-            model = None
-        if tier == "cluster" and model_beside:
-            model = Beside(lambda log: run_tier("model", env, extra, log, nice=19))
-            print("\n[run.py] tier model started, beside the cluster, multihost and slurm tiers at nice 19", flush=True)
         tier_dir = ROOT / "tests" / tier
         if not any(tier_dir.glob("test_*.py")):
             print(f"[run.py] tier {tier}: no tests yet", flush=True)
@@ -165,8 +157,6 @@ def main() -> int:
             if code not in (0, 5):
                 failures.append(f"{tier} (exit {code})")
 
-    if model is not None:
-        failures += finish_model(model)
     leftovers = processes_with_marker(run_id)
     if leftovers:
         failures.append(f"{len(leftovers)} process(es) left running by the tests")
@@ -186,18 +176,10 @@ def main() -> int:
     return 1 if failures or failed else 0
 
 
-def run_tier(tier: str, env: dict[str, str], extra: list[str], log: Any = None, nice: int = 0) -> int:
+def run_tier(tier: str, env: dict[str, str], extra: list[str], log: Any = None) -> int:
     """One pytest process for a tier that is not ``mpi``."""
     cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / tier), "-q", f"--timeout={PER_TEST_TIMEOUT}", DURATIONS, *extra]
-    return run(cmd, dict(env, MPINB_TEST_TIER=tier), TIER_TIMEOUT[tier], log, nice)
-
-
-def finish_model(model: Beside) -> list[str]:
-    """Wait for the model tier running beside others; print its output; its failure, if any."""
-    code = model.finish()
-    print(f"\n[run.py] tier model (beside {', '.join(MODEL_BESIDE)})\n{model.output}", end="", flush=True)
-    print(f"[run.py] tier model: exit {code} in {model.seconds:.0f} s", flush=True)
-    return [] if code in (0, 5) else [f"model (exit {code})"]
+    return run(cmd, dict(env, MPINB_TEST_TIER=tier), TIER_TIMEOUT[tier], log)
 
 
 class Beside:
@@ -245,12 +227,10 @@ def tier_unavailable(tier: str) -> str | None:
     return importlib.import_module(f"support.{module}").unavailable_reason()
 
 
-def run(cmd: list[str], env: dict[str, str], timeout: float, log: Any = None, nice: int = 0) -> int:
-    """Run in a new session (output to ``log`` if given), ``nice`` added to its CPU niceness; on
-    timeout kill the whole group so no rank survives."""
+def run(cmd: list[str], env: dict[str, str], timeout: float, log: Any = None) -> int:
+    """Run in a new session (output to ``log`` if given); on timeout kill the whole group so no rank survives."""
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, stdout=log,
-                            stderr=None if log is None else subprocess.STDOUT,
-                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                            stderr=None if log is None else subprocess.STDOUT)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
