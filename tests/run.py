@@ -121,9 +121,22 @@ def main() -> int:
     # The unit tier and the 1-rank MPI tier each keep about one core busy: on CI's two cores they
     # run side by side (about two minutes saved), the unit tier's output printed when it ends.
     unit_beside = "unit" in tiers and "mpi" in tiers and 1 in sizes
+    # The slurm tier mostly waits (Slurm schedules its jobs; about 70 % of two cores idle) and the
+    # multihost tier keeps about one core busy: the slurm tier runs beside it (each builds its own
+    # simulated hosts, on a free subnet of its own).
+    slurm_beside = "slurm" in tiers and "multihost" in tiers
+    slurm: Beside | None = None
     for tier in tiers:
-        if tier == "unit" and unit_beside:
+        if (tier == "unit" and unit_beside) or (tier == "slurm" and slurm_beside):
             continue
+        if tier == "multihost" and slurm_beside:
+            if reason := tier_unavailable("slurm"):
+                print(f"[run.py] tier slurm: skipped, {reason}", flush=True)
+                skip = {"name": "slurm", "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
+                (reports / "slurm.json").write_text(json.dumps(skip))
+            else:
+                slurm = Beside(lambda log: run_tier("slurm", env, extra, log))
+                print("\n[run.py] tier slurm started, beside tier multihost", flush=True)
         tier_dir = ROOT / "tests" / tier
         if not any(tier_dir.glob("test_*.py")):
             print(f"[run.py] tier {tier}: no tests yet", flush=True)
@@ -144,11 +157,7 @@ def main() -> int:
                 if code != 0:
                     failures.append(f"mpi -n {n} (exit {code})")
                 if beside is not None:
-                    code = beside.finish()
-                    print(f"\n[run.py] tier unit (beside mpi at 1 rank)\n{beside.output}", end="", flush=True)
-                    print(f"[run.py] tier unit: exit {code} in {beside.seconds:.0f} s", flush=True)
-                    if code not in (0, 5):
-                        failures.append(f"unit (exit {code})")
+                    failures += finish_beside("unit", "mpi at 1 rank", beside)
         else:
             t0 = time.monotonic()
             print(f"\n[run.py] tier {tier}", flush=True)
@@ -156,7 +165,12 @@ def main() -> int:
             print(f"[run.py] tier {tier}: exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
             if code not in (0, 5):
                 failures.append(f"{tier} (exit {code})")
+        if slurm is not None and tier == "multihost":
+            failures += finish_beside("slurm", "multihost", slurm)
+            slurm = None
 
+    if slurm is not None:  # the multihost tier was skipped
+        failures += finish_beside("slurm", "multihost", slurm)
     leftovers = processes_with_marker(run_id)
     if leftovers:
         failures.append(f"{len(leftovers)} process(es) left running by the tests")
@@ -180,6 +194,14 @@ def run_tier(tier: str, env: dict[str, str], extra: list[str], log: Any = None) 
     """One pytest process for a tier that is not ``mpi``."""
     cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / tier), "-q", f"--timeout={PER_TEST_TIMEOUT}", DURATIONS, *extra]
     return run(cmd, dict(env, MPINB_TEST_TIER=tier), TIER_TIMEOUT[tier], log)
+
+
+def finish_beside(tier: str, beside: str, run: Beside) -> list[str]:
+    """Wait for ``tier``, run beside tier ``beside``; print its output; its failure, if any."""
+    code = run.finish()
+    print(f"\n[run.py] tier {tier} (beside {beside})\n{run.output}", end="", flush=True)
+    print(f"[run.py] tier {tier}: exit {code} in {run.seconds:.0f} s", flush=True)
+    return [] if code in (0, 5) else [f"{tier} (exit {code})"]
 
 
 class Beside:
