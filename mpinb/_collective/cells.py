@@ -183,9 +183,16 @@ def _interrupts_say_where() -> None:
 
 
 def interrupted(signum: int, frame: Any) -> None:
-    """A SIGINT handler: ``KeyboardInterrupt`` naming this rank and where its main thread was."""
+    """A SIGINT handler: ``KeyboardInterrupt`` naming this rank and where its main thread was.
+
+    A rank whose cell has already failed has nothing left to stop: while IPython formats that
+    error (for ``apply`` requests too) the signal is dropped. Raising there replaced the error that
+    said what happened -- "rank 0 gave up on allreduce #3 (was interrupted)", read a moment before
+    this rank's own signal came -- by an interrupt "at __init__ (executing.py:138)"."""
     from mpinb import _frames
 
+    if _showing_an_error(frame):
+        return
     frames = _frames.frames_of(frame)
     where = _frames.describe(frames, _frames.user_source(frames)) or "an unknown place"
     raise KeyboardInterrupt(f"interrupted{_on_rank()} (the Stop button, cluster.interrupt() or Ctrl-C) "
@@ -193,6 +200,17 @@ def interrupted(signum: int, frame: Any) -> None:
 
 
 interrupted._mpinb_says_where = True  # type: ignore[attr-defined]
+
+# IPython's functions that render an error the request's code already raised.
+_RENDERERS = ("showtraceback", "showsyntaxerror")
+
+
+def _showing_an_error(frame: Any) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name in _RENDERERS and frame.f_globals.get("__name__", "").startswith("IPython."):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _on_rank() -> str:

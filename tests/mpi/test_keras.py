@@ -418,6 +418,10 @@ def test_interrupt_request_on_one_rank_stops_all_at_the_same_step(digits, strate
     assert_same_everywhere(weights_of(model))
 
 
+DEADLINE = 2.0  # seconds the ranks wait for each other from the third step on
+STALL = 2 * DEADLINE  # seconds the stuck rank sleeps
+
+
 @pytest.mark.skipif(SIZE == 1, reason="needs a rank that can be late")
 @pytest.mark.parametrize("strategy", ["gradients", "weights"])
 def test_a_rank_stuck_mid_training_is_named_by_the_collective_deadline(digits, strategy, monkeypatch):
@@ -438,11 +442,11 @@ def test_a_rank_stuck_mid_training_is_named_by_the_collective_deadline(digits, s
             if batch == 2:
                 # From here on, a 2 s deadline: late enough that the first step's tracing (which can
                 # differ by seconds between ranks sharing cores) is not what times out.
-                deadline.set_collective_timeout(2.0)
+                deadline.set_collective_timeout(DEADLINE)
             if batch == 3:
                 reached["t"] = time.monotonic()
                 if RANK == stuck:
-                    time.sleep(6.0)
+                    time.sleep(STALL)
 
     model = mlp(18)
     monkeypatch.setattr(deadline, "_setting", None)
@@ -458,13 +462,13 @@ def test_a_rank_stuck_mid_training_is_named_by_the_collective_deadline(digits, s
     text = str(info.value)
     if RANK == stuck:
         # It comes back and learns at once that the others gave up on this very exchange while it
-        # slept: no second deadline.
+        # slept: no second deadline of its own (that would end at STALL + DEADLINE or later).
         ok = (re.match(rf"{name} #\d+ on rank {stuck} came too late: rank \d+ abandoned {name} #\d+ [\d.]+ s ago "
-                       r"\(timed out after 2 s\)", text) is not None and elapsed < 6.0 + 1.0)
+                       r"\(timed out after 2 s\)", text) is not None and elapsed < STALL + DEADLINE)
     elif isinstance(info.value, CollectiveAbandoned):  # another waiting rank gave up first and said so
-        ok = f"gave up on {name} #" in text and elapsed < 5.0
-    else:  # the others name the missing rank, well before it comes back
-        ok = text.startswith(f"{name} #") and f"waiting for rank {stuck}" in text and elapsed < 5.0
+        ok = f"gave up on {name} #" in text
+    else:  # the others name the missing rank (had they waited for it, nothing would have raised)
+        ok = text.startswith(f"{name} #") and f"waiting for rank {stuck}" in text
     assert_everywhere(ok, f"{elapsed:.1f} s: {text}")
     # No restart: the same communicator works again.
     (total,) = mpinb.allreduce([np.ones(2)], comm=dup, timeout=30)

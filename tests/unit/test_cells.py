@@ -257,3 +257,37 @@ def test_the_first_engine_to_end_is_the_one_named_with_mpis_signal() -> None:
     assert engine_deaths(log) == [(3, 4712, "SIGKILL")]
     assert engine_deaths(log.split("=")[0]) == [(3, 4712, "its process ended")]
     assert engine_deaths("nothing died") == []
+
+
+def test_an_interrupt_while_ipython_shows_a_cells_error_keeps_that_error(capsys) -> None:
+    """The Stop button's signal can land on a rank whose cell has just failed (it read that another
+    rank gave up): raising there replaced the error that said why by an interrupt inside IPython's
+    traceback formatter."""
+    import signal
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from mpinb._collective.cells import interrupted
+
+    shell = InteractiveShell.instance()
+    render = shell.InteractiveTB.structured_traceback
+
+    def signalled_while_rendering(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)
+        return render(*args, **kwargs)
+
+    saved = signal.signal(signal.SIGINT, interrupted)
+    try:
+        shell.InteractiveTB.structured_traceback = signalled_while_rendering
+        result = shell.run_cell("raise ValueError('rank 0 gave up on allreduce #3')")
+        # A cell's own code is still interrupted, and says where.
+        with pytest.raises(KeyboardInterrupt, match="interrupted .*at "):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, saved)
+        del shell.InteractiveTB.structured_traceback
+        InteractiveShell.clear_instance()
+    shown = capsys.readouterr()
+    assert isinstance(result.error_in_exec, ValueError)
+    assert "rank 0 gave up on allreduce #3" in shown.out + shown.err
+    assert "KeyboardInterrupt" not in shown.out + shown.err, shown
