@@ -72,9 +72,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # _busy, also when run from elsewh
 
 def worker(out: str, batches: list[int], executions: list[int], modes: list[str], steps: int, repeats: int,
            states: list[str], busy_loop: str) -> None:
-    from mpi4py import MPI
-
     from _busy import BusyProcess
+    from mpi4py import MPI
 
     busy = BusyProcess(busy_loop) if "busy" in states and MPI.COMM_WORLD.Get_rank() == 0 else None
     try:

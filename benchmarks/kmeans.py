@@ -144,10 +144,10 @@ def memory_worker(config: dict) -> None:
 
 def busy_worker(config: dict) -> None:
     """Idle and busy fits alternating in one job; rank 0 owns the busy process."""
+    from _busy import BusyProcess
     from mpi4py import MPI
 
     import mpinb
-    from _busy import BusyProcess
 
     comm = MPI.COMM_WORLD
     mpinb.limit_threads(1)

@@ -33,10 +33,10 @@ sys.path.insert(1, str(ROOT / "benchmarks"))  # _busy
 
 
 def worker(config: dict) -> None:
+    from _busy import BusyProcess
     from mpi4py import MPI
 
     import mpinb
-    from _busy import BusyProcess
     from mpinb import _collective
 
     mpinb.limit_threads(1)

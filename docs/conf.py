@@ -15,8 +15,9 @@ ROOT = DOCS.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(DOCS / "_ext"))
 
-import mpinb  # noqa: E402
 import generate  # noqa: E402
+
+import mpinb  # noqa: E402
 
 generate.all_pages(ROOT, DOCS / "_generated")
 

@@ -6,9 +6,9 @@ notebook kernel and never initialise MPI there. Importing this package imports N
 
 from __future__ import annotations
 
+from mpinb.agreement import check_all, check_same, raise_together
 from mpinb.comm import World, allreduce, bcast, gather_rows, limit_threads, on_root, rprint, world
 from mpinb.deadline import get_collective_timeout, set_collective_timeout
-from mpinb.agreement import check_all, check_same, raise_together
 from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
 from mpinb.shards import shard, shard_bounds
 

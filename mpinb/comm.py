@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from mpinb import _collective
 from mpinb._checks import check_int, is_int
-from mpinb._layout import BufferPool, Layout
 from mpinb._collective.exceptions import record
 from mpinb._collective.fused import OPS
 from mpinb.deadline import DEFAULT

@@ -303,7 +303,7 @@ class PCA(RankAware, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
             finite_sums(X)
             local = self.score_samples(X)
         # A rank scoring another model (refitted alone, say) would add a meaningless term.
-        model = digest(self.components_, self.mean_, self.explained_variance_, 
+        model = digest(self.components_, self.mean_, self.explained_variance_,
                        np.float64(self.noise_variance_))
         check_same(model, "the PCA's fitted model (a digest)", comm=comm)
         totals = np.array([local.sum(), local.size], dtype=np.float64)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-
 __all__ = ["CollectiveAbandoned", "CollectiveMismatchError", "CollectiveTimeout"]
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-
 _COUNTS: Counter[str] = Counter()
 
 

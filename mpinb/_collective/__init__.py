@@ -14,7 +14,8 @@ Nothing here imports ``mpi4py.MPI`` until a channel is made, so ``import mpinb``
 from __future__ import annotations
 
 import atexit
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

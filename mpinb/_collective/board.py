@@ -45,8 +45,16 @@ _TEXT_BYTES = (_ENDED_TEXT.stop - _ENDED_TEXT.start) * 8
 
 # Phases of an operation, and how it ended: the protocol table's (:mod:`.protocol`).
 from mpinb._collective.protocol import (  # noqa: E402 - after the layout constants they sit beside
-    ABANDONED, ARRIVING, DONE, FAILED, IDLE, MOVING, SWITCHING, TIMED_OUT,
+    ABANDONED,
+    ARRIVING,
+    DONE,
+    FAILED,
+    IDLE,
+    MOVING,
+    SWITCHING,
+    TIMED_OUT,
 )
+
 _PHASES = {ARRIVING: "waiting for the others to arrive", MOVING: "moving data",
            SWITCHING: "moving to a fresh communicator"}
 _OUTCOMES = {DONE: "left", FAILED: "raised", TIMED_OUT: "timed out", ABANDONED: "gave up"}

@@ -17,7 +17,8 @@ import os
 import pickle
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
@@ -28,7 +29,7 @@ from mpinb._collective import texts
 from mpinb._collective.protocol import VOTES
 from mpinb._collective.wait import SPIN, DeadlinePassed, PeerGaveUp, PeerLeft, poll
 from mpinb._digest import int_digest
-from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
+from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError
 
 if TYPE_CHECKING:
     from mpinb._collective.generation import Gen

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["record_path", "saved_epoch", "save_atomically"]
 

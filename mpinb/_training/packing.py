@@ -4,7 +4,8 @@ aligned buffers (scaled and checked in one pass), or a model's state into tight 
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -13,8 +13,9 @@ yields, a rank that has run out taking steps without rows, and *equal* the fewes
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpinb._engine import rank as _rank_here
-from mpinb.client._ipp import ENGINE_EXIT, NANNY_SAW_EXIT, engine_deaths
 from mpinb._words import ranks as _ranks
+from mpinb.client._ipp import ENGINE_EXIT, NANNY_SAW_EXIT, engine_deaths
 
 __all__ = ["Health", "ask_every_engine", "deaths"]
 

@@ -16,8 +16,15 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from mpinb.client._ipp import engine_uuids
-from mpinb.client._processes import (descendants, end, kill, launcher_files_of, remove_files, session_members,
-                                     shared_memory_of)
+from mpinb.client._processes import (
+    descendants,
+    end,
+    kill,
+    launcher_files_of,
+    remove_files,
+    session_members,
+    shared_memory_of,
+)
 from mpinb.client._watchdog import Watchdog
 
 if TYPE_CHECKING:

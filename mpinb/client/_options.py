@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from mpinb._checks import check_int
 

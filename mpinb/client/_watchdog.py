@@ -21,7 +21,7 @@ import os
 import select
 import subprocess
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["Watchdog"]
 

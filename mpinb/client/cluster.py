@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import socket
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

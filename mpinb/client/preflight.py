@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpinb.client._processes import finish
 from mpinb._words import ranks as ranks_text
+from mpinb.client._processes import finish
 
 __all__ = [
     "Finding",

@@ -16,7 +16,7 @@ from mpinb._quiet_tf import import_tensorflow
 
 import_tensorflow()  # before Keras loads it: without the C++ start-up lines on every rank
 
-from mpinb.keras import callbacks as _callbacks  # noqa: E402
+from mpinb.gpus import use_one_gpu_per_rank  # noqa: E402
 from mpinb.keras.callbacks import (  # noqa: E402
     BroadcastInitialState,
     LearningRateWarmup,
@@ -29,9 +29,21 @@ from mpinb.keras.callbacks import (  # noqa: E402
 from mpinb.keras.evaluation import evaluate  # noqa: E402
 from mpinb.keras.optimizer import DistributedOptimizer, is_distributed  # noqa: E402
 from mpinb.keras.training import fit  # noqa: E402
-from mpinb.gpus import use_one_gpu_per_rank  # noqa: E402
 
-__all__ = sorted([*_callbacks.__all__, "DistributedOptimizer", "evaluate", "fit", "is_distributed", "use_one_gpu_per_rank"])
+__all__ = [
+    "BroadcastInitialState",
+    "DistributedOptimizer",
+    "LearningRateWarmup",
+    "MetricAverage",
+    "RootCheckpoint",
+    "StopOnInterrupt",
+    "SyncNonTrainable",
+    "broadcast_state",
+    "evaluate",
+    "fit",
+    "is_distributed",
+    "use_one_gpu_per_rank",
+]
 
 
 def __dir__() -> list[str]:

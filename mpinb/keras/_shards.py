@@ -6,8 +6,9 @@ Collective where it plans (:func:`plan_batches`); local otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -10,10 +10,10 @@ import keras
 import numpy as np
 
 from mpinb._checks import check_int, default_comm
-from mpinb.gpus import ensure_chosen
 from mpinb._training.averaging import sum_arrays
 from mpinb.agreement import check_same, raise_together
 from mpinb.comm import allreduce
+from mpinb.gpus import ensure_chosen
 from mpinb.keras._arrays import check_xy, dummy_row
 from mpinb.keras._inputs import Stream, as_stream, no_rows, stand_in
 

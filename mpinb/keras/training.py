@@ -8,17 +8,18 @@ from __future__ import annotations
 import os
 import secrets
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import keras
 
 from mpinb._checks import default_comm
-from mpinb.gpus import ensure_chosen
 from mpinb._training.plan import check_accumulate, execution_boundary
 from mpinb._training.plan import steps_per_execution as _steps_per_execution
 from mpinb.agreement import check_same, raise_together
 from mpinb.comm import limit_threads, on_root, threads_chosen
+from mpinb.gpus import ensure_chosen
 from mpinb.keras import _arrays, _compat
 from mpinb.keras._checkpoint import resume as _resume
 from mpinb.keras._inputs import Stream, as_stream

@@ -9,8 +9,9 @@ Private to :mod:`mpinb.kmeans`. A new estimator is a subclass: it extends
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
@@ -18,8 +19,19 @@ from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from mpinb import _collective
 from mpinb._checks import default_comm
 from mpinb._constraints import (
-    NOT_MINE, Accepts, Callables, Exactly, Instance, Integer, Invalid, Options, Real, Rule, Seed,
-    check_parameters, describe,
+    NOT_MINE,
+    Accepts,
+    Callables,
+    Exactly,
+    Instance,
+    Integer,
+    Invalid,
+    Options,
+    Real,
+    Rule,
+    Seed,
+    check_parameters,
+    describe,
 )
 from mpinb._estimator import agree
 from mpinb._inputs import as_data, as_weights, check_width, raise_nonfinite

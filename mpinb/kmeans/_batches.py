@@ -7,8 +7,9 @@ Private to :mod:`mpinb.kmeans`; collective unless a function says local.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -3,15 +3,17 @@ and a user's callable, checked to agree across ranks."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from mpinb import _collective
+from mpinb._chunks import SUM_ELEMENTS
 from mpinb._rows import owners
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._distances import BLOCK_ELEMENTS, NO_WEIGHTS, sq_distances
-from mpinb.kmeans._kernels import SUM_ELEMENTS, chunk_rows, chunks, kernels
+from mpinb.kmeans._kernels import chunk_rows, chunks, kernels
 from mpinb.kmeans._lloyd import lloyd
 from mpinb.kmeans._shard import KMeansShard, kmeans_shard, relative_tol
 

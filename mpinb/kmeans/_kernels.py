@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from mpinb import _numba
-from mpinb._chunks import SUM_ELEMENTS, chunk_rows, chunks
+from mpinb._chunks import chunk_rows, chunks
 from mpinb.kmeans import _seed_pass
 
 __all__ = ["COMPILE_FROM", "FOLD_INERTIA", "FOLD_NONE", "FOLD_SUMS", "chunk_rows", "chunks", "kernels"]

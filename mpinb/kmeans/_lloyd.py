@@ -6,16 +6,18 @@ Private to :mod:`mpinb.kmeans`; everything here is collective unless it says loc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from mpinb import _collective
+from mpinb._chunks import SUM_ELEMENTS
 from mpinb._rows import Shard
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._distances import NO_WEIGHTS, Changes, Fold, assign
-from mpinb.kmeans._kernels import FOLD_INERTIA, FOLD_SUMS, SUM_ELEMENTS, chunk_rows, chunks, kernels
+from mpinb.kmeans._kernels import FOLD_INERTIA, FOLD_SUMS, chunk_rows, chunks, kernels
 
 __all__ = ["Run", "lloyd", "same_clustering"]
 

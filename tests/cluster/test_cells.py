@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 from ipyparallel.error import CompositeError
-from support.cells import ATTEMPT, errors_by_rank
 
 import mpinb
 from mpinb.interrupt import INTERRUPT_GRACE
+from support.cells import ATTEMPT, errors_by_rank
 
 TRIALS = int(os.environ.get("MPINB_CELL_TRIALS", "1"))
 # Seconds: "at once, not at a deadline or never". The promised 1 s is checked in virtual time by the

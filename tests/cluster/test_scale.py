@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.cells import ATTEMPT, errors_by_rank
 
 import mpinb
+from support.cells import ATTEMPT, errors_by_rank
 
 N = 16
 ODD = 11  # the rank that skips, sleeps or raises: deep in most ranks' trees, not a leaf of rank 0's

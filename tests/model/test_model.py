@@ -20,7 +20,6 @@ import os
 import time
 
 import pytest
-
 from explore import Chooser, replay, run_job
 from mutants import MUTANTS
 from protocol_sim import run_schedule

@@ -9,6 +9,7 @@ import re
 
 import pytest
 from mpi4py import MPI
+
 from support.mpitools import pytest_runtest_logreport, pytest_sessionstart  # noqa: F401 - shared rank-aware reporting
 
 COMM = MPI.COMM_WORLD

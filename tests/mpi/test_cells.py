@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 from mpi4py import MPI
-from support.mpitools import assert_everywhere
 
 import mpinb
 from mpinb import _collective, deadline
 from mpinb._collective import cells
+from support.mpitools import assert_everywhere
 
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()

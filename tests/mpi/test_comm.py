@@ -9,9 +9,9 @@ import os
 import numpy as np
 import pytest
 from mpi4py import MPI
-from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
+from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()

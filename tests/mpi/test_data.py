@@ -6,16 +6,16 @@ from __future__ import annotations
 import shutil
 import tempfile
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
 from mpi4py import MPI
-from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
 from mpinb import data
+from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()

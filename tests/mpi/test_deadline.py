@@ -13,11 +13,11 @@ import warnings
 import numpy as np
 import pytest
 from mpi4py import MPI
-from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
 from mpinb import deadline
 from mpinb.errors import CollectiveTimeout
+from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from support.mpitools import raises_everywhere
 
 from mpinb import gpus
+from support.mpitools import raises_everywhere
 
 
 @pytest.fixture

@@ -11,11 +11,11 @@ import tempfile
 
 import numpy as np
 import pytest
-from support.keras_reference import once, relative_error, sharded_reference, snapshot, weights_of
 from mpi4py import MPI
-from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
+from support.keras_reference import once, relative_error, sharded_reference, snapshot, weights_of
+from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 keras = pytest.importorskip("keras")
 mk = pytest.importorskip("mpinb.keras")

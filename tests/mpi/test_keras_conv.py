@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.keras_reference import once, relative_error, sharded_order, sharded_reference, weights_of
 from mpi4py import MPI
-from support.mpitools import assert_everywhere, assert_same_everywhere
 
 import mpinb
+from support.keras_reference import once, relative_error, sharded_order, sharded_reference, weights_of
+from support.mpitools import assert_everywhere, assert_same_everywhere
 
 keras = pytest.importorskip("keras")
 mk = pytest.importorskip("mpinb.keras")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
-from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 import mpinb
+from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere
 
 keras = pytest.importorskip("keras")
 mk = pytest.importorskip("mpinb.keras")
@@ -159,9 +159,8 @@ def test_arguments_a_pipeline_does_not_take(shard, kwargs, match):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_accumulating_n_steps_equals_one_step_on_an_n_times_larger_batch(shard, n, monkeypatch):
-    from support.counting import count_calls
-
     from mpinb._training import exchange
+    from support.counting import count_calls
 
     Xl, yl = shard
     reference = model(7)

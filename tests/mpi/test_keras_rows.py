@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.keras_reference import (fresh, once, proportional_batches, proportional_reference, relative_error,
-                                     snapshot, weights_of)
 from mpi4py import MPI
+
+from support.keras_reference import (
+    fresh,
+    once,
+    proportional_batches,
+    proportional_reference,
+    relative_error,
+    snapshot,
+    weights_of,
+)
 from support.mpitools import assert_everywhere, assert_same_everywhere
 
 keras = pytest.importorskip("keras")

@@ -8,10 +8,15 @@ import warnings
 from collections import Counter
 from typing import Any
 
-from support import kmeans_cases
 import numpy as np
 import pytest
 from mpi4py import MPI
+from sklearn.cluster import KMeans as SkKMeans
+from sklearn.exceptions import ConvergenceWarning
+
+import mpinb
+from mpinb import CollectiveMismatchError, KMeans
+from support import kmeans_cases
 from support.mpitools import (
     assert_everywhere,
     assert_interrupt_stops_together,
@@ -19,11 +24,6 @@ from support.mpitools import (
     local,
     raises_everywhere,
 )
-from sklearn.cluster import KMeans as SkKMeans
-from sklearn.exceptions import ConvergenceWarning
-
-import mpinb
-from mpinb import CollectiveMismatchError, KMeans
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()

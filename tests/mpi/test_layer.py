@@ -7,12 +7,12 @@ import tempfile
 
 import numpy as np
 import pytest
-from support.counting import CountingComm
 from mpi4py import MPI
-from support.mpitools import assert_everywhere, assert_same_everywhere
 
 import mpinb
 from mpinb.data import load_digits, load_npy, make_blobs
+from support.counting import CountingComm
+from support.mpitools import assert_everywhere, assert_same_everywhere
 
 RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 

@@ -9,10 +9,15 @@ import io
 from collections import Counter
 from typing import Any
 
-from support import kmeans_cases
 import numpy as np
 import pytest
 from mpi4py import MPI
+from sklearn.cluster import MiniBatchKMeans as SkMiniBatchKMeans
+from threadpoolctl import threadpool_limits
+
+import mpinb
+from mpinb import CollectiveMismatchError, MiniBatchKMeans
+from support import kmeans_cases
 from support.mpitools import (
     assert_everywhere,
     assert_interrupt_stops_together,
@@ -20,11 +25,6 @@ from support.mpitools import (
     local,
     raises_everywhere,
 )
-from sklearn.cluster import MiniBatchKMeans as SkMiniBatchKMeans
-from threadpoolctl import threadpool_limits
-
-import mpinb
-from mpinb import CollectiveMismatchError, MiniBatchKMeans
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()

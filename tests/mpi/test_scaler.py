@@ -10,10 +10,10 @@ from mpi4py import MPI
 from sklearn.cluster import KMeans as SkKMeans
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler as SkScaler
-from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere, uneven
 
 import mpinb
 from mpinb import CollectiveMismatchError, StandardScaler
+from support.mpitools import assert_everywhere, assert_same_everywhere, raises_everywhere, uneven
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -75,9 +75,8 @@ def test_partial_fit_over_batches_equals_sklearns():
 
 
 def test_two_allreduces_and_no_mpi_call_outside_the_collective_layer(monkeypatch):
-    from support.counting import CountingComm, count_calls
-
     import mpinb._collective
+    from support.counting import CountingComm, count_calls
 
     reductions = count_calls(monkeypatch, mpinb._collective, "reduce_in_place")
     base = COMM.Dup()

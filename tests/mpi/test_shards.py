@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from mpi4py import MPI
-from support.mpitools import raises_everywhere
 
 import mpinb
+from support.mpitools import raises_everywhere
 
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-
 from support import netsim
 
 # tests/multihost/ranks/ runs under mpiexec on the simulated hosts (test_multihost.py starts it);

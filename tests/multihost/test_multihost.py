@@ -18,9 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from support import netsim
 import numpy as np
 import pytest
+
+from support import netsim
 from support.netsim import TCP, YIELD
 
 HERE = Path(__file__).parent

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-
-from support import slurmsim  # noqa: E402
-
-from support import netsim  # noqa: E402
+from support import (
+    netsim,  # noqa: E402
+    slurmsim,  # noqa: E402
+)
 
 NODES = 3
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from support.netsim import TCP, YIELD
 
 ENGINE_ENV = {**TCP["ucx"], **YIELD}

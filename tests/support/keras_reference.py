@@ -6,7 +6,8 @@ here communicates except :func:`once`; Keras and TensorFlow are imported only by
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

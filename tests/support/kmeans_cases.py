@@ -4,7 +4,7 @@ scikit-learn."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from sklearn.datasets import load_digits, load_iris, make_blobs

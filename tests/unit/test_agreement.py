@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-
-
 from mpinb.agreement import compose as _compose
 
 

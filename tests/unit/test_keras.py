@@ -18,9 +18,8 @@ mk = pytest.importorskip("mpinb.keras")
 
 from mpi4py import MPI  # noqa: E402
 
-from support.counting import count_calls  # noqa: E402
-
 from mpinb._training import exchange  # noqa: E402
+from support.counting import count_calls  # noqa: E402
 
 SELF = MPI.COMM_SELF
 LOSS = "sparse_categorical_crossentropy"

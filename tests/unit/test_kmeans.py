@@ -7,7 +7,6 @@ import pickle
 import tracemalloc
 import warnings
 
-from support import kmeans_cases
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -22,6 +21,7 @@ import mpinb.kmeans._lloyd as lloyd_module
 from mpinb import KMeans
 from mpinb.kmeans import _kernels
 from mpinb.kmeans._kernels import COMPILE_FROM, chunk_rows, kernels
+from support import kmeans_cases
 
 SELF = MPI.COMM_SELF
 

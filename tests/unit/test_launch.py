@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 
 
-
-
 def test_find_mpiexec_prefers_the_one_next_to_python(tmp_path, monkeypatch) -> None:
     from mpinb.client import launch
 

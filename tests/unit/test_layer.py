@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import mpinb
-
 from support.counting import CountingComm, is_communication  # noqa: E402
 
 PACKAGE = Path(mpinb.__file__).parent

@@ -10,10 +10,8 @@ import pickle
 import re
 import signal
 
-from support import kmeans_cases
 import numpy as np
 import pytest
-from support.counting import CountingComm
 from mpi4py import MPI
 from sklearn.base import clone
 from sklearn.cluster import MiniBatchKMeans as SkMiniBatchKMeans
@@ -26,6 +24,8 @@ from mpinb import MiniBatchKMeans
 from mpinb.kmeans import _kernels
 from mpinb.kmeans._sampling import Sampler
 from mpinb.kmeans._shard import kmeans_shard
+from support import kmeans_cases
+from support.counting import CountingComm
 
 SELF = MPI.COMM_SELF
 

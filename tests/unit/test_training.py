@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-from support.counting import count_calls
 
 from mpinb import _layout
 from mpinb._training import packing
@@ -17,6 +16,7 @@ from mpinb._training.exchange import GradientExchange
 from mpinb._training.plan import epoch_batches, proportional_sizes, steps_per_epoch, steps_per_execution
 from mpinb._training.stopping import JointStop
 from mpinb.interrupt import StopFlag
+from support.counting import count_calls
 
 
 def test_the_core_imports_no_framework():

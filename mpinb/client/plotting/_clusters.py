@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from mpinb.client.plotting._common import axes, distinct_colors
 from mpinb._checks import check_int
+from mpinb.client.plotting._common import axes, distinct_colors
 
 __all__ = ["plot_clusters"]
 
