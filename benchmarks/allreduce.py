@@ -127,7 +127,7 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
                 fresh.append(o)
             return fresh
 
-        def two_messages(packed: np.ndarray = packed) -> None:
+        def two_messages(packed: np.ndarray = packed, header: np.ndarray = header) -> None:
             for buf, op in ((header, MPI.MIN), (packed, MPI.SUM)):
                 request = bare.Iallreduce(MPI.IN_PLACE, buf, op=op)
                 while not request.Test():
@@ -143,7 +143,7 @@ def worker(out: str, payloads: list[int], quick: bool) -> None:
             "plain": lambda packed=packed: comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.SUM),
             "one_array": lambda packed=packed: mpinb.allreduce([packed], out=[packed], comm=comm),
             "two_messages": two_messages,
-            "plain_out": lambda packed=packed: comm.Allreduce(packed, packed_result, op=MPI.SUM),
+            "plain_out": lambda packed=packed, result=packed_result: comm.Allreduce(packed, result, op=MPI.SUM),
         }
         for name in METHODS:  # warm-up: wire buffers, shared-memory segments
             runs[name]()

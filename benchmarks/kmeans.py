@@ -453,8 +453,14 @@ def single_case(args: argparse.Namespace, out: Path) -> None:
                 for r in range(args.single_repeats):
                     print(f"[bench] single {n:,} {dtype} round {r + 1}/{args.single_repeats}", flush=True)
                     # Alternate which runs first, so neither always follows the other.
-                    pair = [lambda: sk.append(sklearn_fit(X, init, 1, iterations)),
-                            lambda: ours.append(run_workers(1, config, tmp, f"single-{n}-{dtype}-{r}"))]
+                    def theirs(X: np.ndarray = X, init: np.ndarray = init, iterations: int = iterations,
+                               sk: list = sk) -> None:
+                        sk.append(sklearn_fit(X, init, 1, iterations))
+
+                    def mine(config: dict = config, label: str = f"single-{n}-{dtype}-{r}", ours: list = ours) -> None:
+                        ours.append(run_workers(1, config, tmp, label))
+
+                    pair = [theirs, mine]
                     for run in pair if r % 2 == 0 else pair[::-1]:
                         run()
                 entry = {"sklearn-1thread": _median_entry(sk), "mpinb-1rank": _median_entry(ours),

@@ -68,11 +68,11 @@ class Layout:
         if not self._tight:
             raise ValueError("pack() makes tight buffers; this layout is aligned.")
         return [np.concatenate([arrays[i] for i in members], axis=None, dtype=dtype, casting="unsafe")
-                for members, dtype in zip(self._members, self.dtypes)]
+                for members, dtype in zip(self._members, self.dtypes, strict=True)]
 
     def views(self, buffers: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Each array as a view of ``buffers``, shaped as it was (0-d arrays stay 0-d)."""
-        return [buffers[b][start:stop].reshape(shape) for (b, start, stop), shape in zip(self.slots, self.shapes)]
+        return [buffers[b][start:stop].reshape(shape) for (b, start, stop), shape in zip(self.slots, self.shapes, strict=True)]
 
 
 class BufferPool:
@@ -129,7 +129,7 @@ class _BufferSet:
             end += n * dtype.itemsize
         raw = np.zeros(end + align, np.uint8)
         offset = -raw.ctypes.data % align
-        self.buffers = [raw[offset + s : offset + s + n * d.itemsize].view(d) for s, (n, d) in zip(starts, specs)]
+        self.buffers = [raw[offset + s : offset + s + n * d.itemsize].view(d) for s, (n, d) in zip(starts, specs, strict=True)]
         self.views = [] if views is None else views(self.buffers)
         # A caller may hold a made view itself (its count grows) or a view of one (the memory's does).
         self._made = [v for v in self.views if v is not None]

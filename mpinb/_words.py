@@ -99,7 +99,7 @@ def clip_to_difference(texts: list[str], width: int = 80) -> dict[str, str]:
     if all(len(t) <= width for t in texts):
         return {t: t for t in texts}
     prefix = 0
-    for chars in zip(*texts):
+    for chars in zip(*texts, strict=False):
         if len(set(chars)) > 1:
             break
         prefix += 1

@@ -261,7 +261,7 @@ def _run(args: list[str]) -> str | None:
 def _driver_gpus() -> list[str]:
     out = _run(["nvidia-smi", "-L"])
     if out is not None:
-        return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
+        return [str(i) for i, line in enumerate(ln for ln in out.splitlines() if ln.startswith("GPU "))]
     try:
         return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
     except OSError:

@@ -75,7 +75,7 @@ def reduce_in_place(buffers: Sequence[np.ndarray], op: str | Sequence[str] = "su
                     what=f"{name}'s buffers") as call:
         if not _stopped(call, stop):
             for kind in dict.fromkeys(ops):
-                call.allreduce([b for b, o in zip(buffers, ops) if o == kind], kind)
+                call.allreduce([b for b, o in zip(buffers, ops, strict=True) if o == kind], kind)
     _stop_together(call, stop, where)
     return call
 

@@ -40,9 +40,9 @@ class Fused:
                 raise TypeError(f"allreduce reduces numbers and booleans; item {i} has dtype {dtype}.")
             if dtype.kind == "c" and op in ("min", "max"):
                 raise TypeError(f"op={op!r} is undefined for complex numbers (item {i}).")
-        self.text = repr((op, tuple((shape, dtype.str) for shape, dtype in zip(shapes, dtypes))))
+        self.text = repr((op, tuple((shape, dtype.str) for shape, dtype in zip(shapes, dtypes, strict=True))))
         self.op, self.wire_op, self.n = op, "sum" if op == "mean" else op, len(shapes)
-        wires, self.results = zip(*[_wire(dtype, op) for dtype in dtypes]) if dtypes else ((), ())
+        wires, self.results = zip(*[_wire(dtype, op) for dtype in dtypes], strict=True) if dtypes else ((), ())
         sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
         # Large arrays travel on their own, straight from the input into the result: no packing.
         # So does the only small array of its wire dtype: its message is the same either way, and
@@ -59,7 +59,7 @@ class Fused:
         self.plain = [all(self.results[self.small[j]] == wire for j in self.packing.members(b))
                       and (op != "mean" or wire.kind in "fc") for b, wire in enumerate(self.packing.dtypes)]
         self.shapes = shapes
-        self.keeps_dtypes = all(result == dtype for result, dtype in zip(self.results, dtypes))
+        self.keeps_dtypes = all(result == dtype for result, dtype in zip(self.results, dtypes, strict=True))
         # Per packed buffer, its arrays in order: one concatenate fills it (a copy per array cost
         # microseconds of Python each, the larger part of a fused call of fifty small arrays).
         self.members = [[self.small[j] for j in self.packing.members(b)] for b in range(len(self.packing.dtypes))]
@@ -67,7 +67,7 @@ class Fused:
         self.divide = [b for b, plain in enumerate(self.plain) if plain and op == "mean"]
         # Each small array's result: (index, buffer, start, stop, shape, a view of the wire as it is).
         self.unpack = [(i, b, start, stop, shapes[i], self.plain[b])
-                       for (b, start, stop), i in zip(self.packing.slots, self.small)]
+                       for (b, start, stop), i in zip(self.packing.slots, self.small, strict=True)]
         self.views_only = all(as_is and shape for *_, shape, as_is in self.unpack)
         # The wire: the packed buffers, then one buffer per array that travels alone. The views
         # handed out as results are made once per set of buffers.
@@ -95,7 +95,7 @@ class Fused:
         if self.keeps_dtypes and len(values) == self.n and all(map(operator.is_, out, values)):
             if all(o.flags.writeable for o in out):
                 return out
-        for i, (o, shape, result) in enumerate(zip(out, self.shapes, self.results)):
+        for i, (o, shape, result) in enumerate(zip(out, self.shapes, self.results, strict=True)):
             if not isinstance(o, np.ndarray) or o.shape != shape or o.dtype != result or not o.flags.writeable:
                 got = f"{type(o).__name__}" if not isinstance(o, np.ndarray) else f"shape {o.shape}, dtype {o.dtype}"
                 raise ValueError(f"out[{i}] must be a writeable array of shape {shape} and dtype {result}; got {got}.")
@@ -104,12 +104,12 @@ class Fused:
     def run(self, values: list[np.ndarray], call: Any, out: list[np.ndarray] | None) -> list[Any]:
         wire, views = self.pool.take_with_views()
         packed = wire[: len(self.members)]
-        for buf, members in zip(packed, self.members):
+        for buf, members in zip(packed, self.members, strict=True):
             np.concatenate([values[i] for i in members], axis=None, out=buf, casting="unsafe")
         reduce_in_place: list[np.ndarray] = list(packed)
         pairs: list[tuple[np.ndarray, np.ndarray]] = []
         alone: list[tuple[int, np.ndarray]] = []
-        for (i, _, shape, same, large), buf in zip(self.alone, wire[len(packed):]):
+        for (i, _, shape, same, large), buf in zip(self.alone, wire[len(packed):], strict=False):
             target = out[i] if out is not None and same and out[i].flags.c_contiguous else None
             recv = buf.reshape(shape) if target is None else target
             if not same:
@@ -133,7 +133,7 @@ class Fused:
             packed[b] /= size
         if self.views_only:  # the usual case, fifty small arrays: no per-array Python but a store
             if out is None:
-                for i, view in zip(self.small, views):
+                for i, view in zip(self.small, views, strict=False):
                     results[i] = view
             else:
                 # One C-level loop of copies into ``out`` (the wire buffer is the pool's, never
@@ -144,7 +144,7 @@ class Fused:
             views = ()
         # A plain buffer's results are views of it: no unpacking copy (the pool keeps the buffer
         # until they are dropped).
-        for (i, b, start, stop, shape, as_is), view in zip(self.unpack, views):
+        for (i, b, start, stop, _shape, as_is), view in zip(self.unpack, views, strict=False):
             if view is not None:
                 if out is None:
                     results[i] = view

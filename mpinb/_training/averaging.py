@@ -25,7 +25,7 @@ def sum_arrays(arrays: Sequence[np.ndarray], *, comm: Any) -> list[np.ndarray]:
     """
     wide = [np.asarray(a, dtype=np.float64) if np.asarray(a).dtype.kind == "f" else np.asarray(a) for a in arrays]
     reduced = allreduce(wide, op="sum", comm=comm)
-    return [np.asarray(r).astype(np.asarray(a).dtype) for r, a in zip(reduced, arrays)]
+    return [np.asarray(r).astype(np.asarray(a).dtype) for r, a in zip(reduced, arrays, strict=True)]
 
 
 def gather_logs(logs: Mapping[str, Any], *, comm: Any,
@@ -49,8 +49,8 @@ def gather_logs(logs: Mapping[str, Any], *, comm: Any,
     else:
         w = np.asarray(weights, dtype=np.float64)[:, None]
         means = np.where(w > 0, values * w, 0.0).sum(axis=0) / w.sum()
-    per_rank = [dict(zip(keys, (float(v) for v in row))) for row in values]
-    return dict(zip(keys, (float(m) for m in means))), per_rank
+    per_rank = [dict(zip(keys, (float(v) for v in row), strict=True)) for row in values]
+    return dict(zip(keys, (float(m) for m in means), strict=True)), per_rank
 
 
 def _is_scalar(value: Any) -> bool:

@@ -59,7 +59,7 @@ class Packer:
                 buf.fill(0)
             return bufs, shaped, True
         finite = True
-        for g, dst in zip(grads, slots):
+        for g, dst in zip(grads, slots, strict=True):
             finite &= _scale_into(g.reshape(-1), dst.dtype.type(scale), dst)
         return bufs, shaped, finite
 
@@ -85,7 +85,7 @@ def bcast_arrays(values: Sequence[np.ndarray], *, root: int, comm: Any) -> list[
     """
     plan = Layout([v.shape for v in values], [v.dtype for v in values])
     is_root = comm.Get_rank() == root
-    buffers = plan.pack(values) if is_root else [np.empty(n, dtype) for n, dtype in zip(plan.lengths, plan.dtypes)]
+    buffers = plan.pack(values) if is_root else [np.empty(n, dtype) for n, dtype in zip(plan.lengths, plan.dtypes, strict=True)]
     return plan.views([bcast(buf, root=root, comm=comm) for buf in buffers])
 
 

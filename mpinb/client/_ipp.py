@@ -262,7 +262,7 @@ class _NoticeRelay:
                 # result.stderr is in the order of the cell's targets, updated as output arrives;
                 # AsyncResult keeps those targets only in its private _targets.
                 stderr = result.stderr
-                texts = list(zip(result._targets, stderr if isinstance(stderr, list) else [stderr]))
+                texts = list(zip(result._targets, stderr if isinstance(stderr, list) else [stderr], strict=False))
             except Exception:  # noqa: BLE001 - no metadata yet
                 continue
             for engine, text in texts:

@@ -216,7 +216,7 @@ class MPICluster:
         here = socket.gethostname()
         alive = set(self.client.ids)
         remote = []
-        for eid, pid, host in zip(self._ids_by_rank, self._engine_pids, self._engine_hosts):
+        for eid, pid, host in zip(self._ids_by_rank, self._engine_pids, self._engine_hosts, strict=True):
             if host == here:
                 # Straight to the process: ipyparallel's way passes through the controller and the
                 # engine's nanny, two more processes a loaded machine may schedule late.
@@ -302,7 +302,7 @@ class MPICluster:
         """Learn which engine is which rank, check they form one world, and set every engine up."""
         view = self.client.direct_view(targets=ids)
         found = view.apply_sync(_engine.identity)
-        by_eid = dict(zip(ids, found))
+        by_eid = dict(zip(ids, found, strict=True))
         sizes = {info["size"] for info in found}
         ranks = sorted(info["rank"] for info in found)
         if sizes != {len(ids)} or ranks != list(range(len(ids))):
@@ -346,4 +346,4 @@ class MPICluster:
         """Engine PIDs on this host: a PID means something only on its own host, so these are the
         only ones this machine may signal."""
         here = socket.gethostname()
-        return [pid for pid, host in zip(self._engine_pids, self._engine_hosts) if host == here]
+        return [pid for pid, host in zip(self._engine_pids, self._engine_hosts, strict=True) if host == here]

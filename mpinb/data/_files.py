@@ -202,7 +202,7 @@ def _expand_files(files: Any) -> list[str]:
     if not paths:
         raise ValueError("shard_files needs at least one file; got an empty list.")
     paths.sort()
-    repeated = sorted({a for a, b in zip(paths, paths[1:]) if a == b})
+    repeated = sorted({a for a, b in zip(paths, paths[1:], strict=False) if a == b})
     if repeated:
         raise ValueError(
             f"shard_files needs each file once, or its data would be read twice; "

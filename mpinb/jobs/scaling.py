@@ -74,7 +74,7 @@ def measure(
         wait = [max(w) / steps for w in history["wait_seconds"][1:]]
         result["keras"] = {
             "global_batch": global_batch, "steps_per_epoch": steps,
-            "seconds_per_step": statistics.median(c + m for c, m in zip(compute, comm_time)),
+            "seconds_per_step": statistics.median(c + m for c, m in zip(compute, comm_time, strict=True)),
             "compute_per_step": statistics.median(compute),
             "comm_per_step": statistics.median(comm_time),
             "wait_per_step": min(statistics.median(wait), statistics.median(comm_time)),

@@ -34,11 +34,11 @@ def _load(model: Any, path: str) -> int:
     saved = keras.models.load_model(path, compile=True)
     if [tuple(v.shape) for v in saved.weights] != [tuple(v.shape) for v in model.weights]:
         raise ValueError(f"The checkpoint {path} holds a model with different weight shapes than this one.")
-    for v, s in zip(model.weights, saved.weights):
+    for v, s in zip(model.weights, saved.weights, strict=True):
         v.assign(s.numpy())
     mine, theirs = model.optimizer.variables, getattr(saved.optimizer, "variables", [])
     if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
         raise ValueError(f"The optimizer state in {path} does not match this model's optimizer ({type(model.optimizer).__name__}).")
-    for v, s in zip(mine, theirs):
+    for v, s in zip(mine, theirs, strict=True):
         v.assign(s.numpy())
     return epoch + 1

@@ -129,7 +129,7 @@ class FitLoop(keras.callbacks.Callback):
             now = self.rows.rows()
             rows, self._rows_at[1] = now - self._rows_at[1], now
         averaged, wait = self._averager.average(values, rows)
-        for v, a in zip(variables, averaged):
+        for v, a in zip(variables, averaged, strict=True):
             v.assign(a.astype(str(v.dtype), copy=False))
         self._since_average = 0
         self._weights_times += (time.perf_counter() - t0, wait)

@@ -105,7 +105,7 @@ class StepRows:
             finally:
                 if exchange is not None:
                     exchange.step_rows = None  # a trace-time handoff: no graph tensor outlives its trace
-            for v, b in zip(guarded, before):
+            for v, b in zip(guarded, before, strict=True):
                 v.assign(tf.where(tf.math.is_finite(v.value), v.value, b))
             return out
 
@@ -124,4 +124,4 @@ def _same(a: tuple[tuple[Any, ...], tuple[Any, ...]] | None, b: tuple[tuple[Any,
     """The same objects (identity) and the same values."""
     if a is None or len(a[0]) != len(b[0]):
         return False
-    return all(x is y for x, y in zip(a[0], b[0])) and a[1] == b[1]
+    return all(x is y for x, y in zip(a[0], b[0], strict=True)) and a[1] == b[1]

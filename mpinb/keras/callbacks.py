@@ -310,7 +310,7 @@ def broadcast_state(model: Any, *, root: int = 0, comm: Any = None) -> None:
     if comm.Get_size() == 1:
         return
     values = [np.array(v.numpy(), copy=True) for v in variables]
-    for v, value in zip(variables, bcast_arrays(values, root=root, comm=comm)):
+    for v, value in zip(variables, bcast_arrays(values, root=root, comm=comm), strict=True):
         v.assign(value)
 
 
@@ -322,5 +322,5 @@ def sync_non_trainable(model: Any, *, comm: Any = None, share: float | None = No
     if comm.Get_size() == 1 or not variables:
         return
     means, _ = ArrayAverager(comm).average([v.numpy() for v in variables], share)
-    for v, value in zip(variables, means):
+    for v, value in zip(variables, means, strict=True):
         v.assign(value)

@@ -142,10 +142,10 @@ def global_evaluate(model: Any, data: Scored, batch_size: int, comm: Any) -> dic
         _score_nothing(model, (dummy_row(data.x), dummy_row(data.y)))
     variables = list(model.metrics_variables)
     local = [np.array(v.numpy(), copy=True) for v in variables]
-    for v, s in zip(variables, sum_arrays(local, comm=comm)):
+    for v, s in zip(variables, sum_arrays(local, comm=comm), strict=True):
         v.assign(s)
     results = model.get_metrics_result()
-    for v, mine in zip(variables, local):
+    for v, mine in zip(variables, local, strict=True):
         v.assign(mine)  # leave this rank's own state as Keras left it
     return {k: float(np.asarray(results[k])) for k in sorted(results)}
 

@@ -90,7 +90,7 @@ def DistributedOptimizer(optimizer: Any, *, accumulate_steps: int = 1, comm: Any
     wrapped = cls.from_config(optimizer.get_config())
     if optimizer.built:
         wrapped.build(_compat.built_for(optimizer))
-        for mine, theirs in zip(wrapped.variables, optimizer.variables):
+        for mine, theirs in zip(wrapped.variables, optimizer.variables, strict=True):
             mine.assign(theirs)
     wrapped._mpinb_exchange = TensorExchange(
         default_comm(comm),
@@ -151,14 +151,14 @@ class _AllreduceGradients:
             window.assign_add(rows)
         # multiply_no_nan: a micro-step without rows here (weight 0) adds nothing, even the NaN an
         # empty batch's BatchNorm makes.
-        for g, s in zip(grads, sums):
+        for g, s in zip(grads, sums, strict=True):
             if g is not None:
                 s.assign_add(tf.math.multiply_no_nan(tf.cast(tf.convert_to_tensor(g), s.dtype), tf.cast(weight, s.dtype)))
         count.assign_add(1)
         n = ex.accumulate
 
         def update() -> Any:
-            means = [None if g is None else tf.cast(s, g.dtype) for g, s in zip(grads, sums)]
+            means = [None if g is None else tf.cast(s, g.dtype) for g, s in zip(grads, sums, strict=True)]
             averaged = ex.average(means, None if rows is None else window.value())
             super(_AllreduceGradients, self).apply(averaged, variables)  # type: ignore[misc]
             for s in sums:
@@ -248,7 +248,7 @@ class TensorExchange(GradientExchange):
         inputs = dense if rows is None else [*dense, tf.cast(rows, dense[0].dtype)]
         reduced = tf.numpy_function(self.reduce, inputs, [g.dtype for g in dense], stateful=True, name="mpinb_allreduce")
         out_grads = list(grads)
-        for i, g, r in zip(present, dense, reduced):
+        for i, g, r in zip(present, dense, reduced, strict=True):
             r.set_shape(g.shape)
             out_grads[i] = r if r.dtype == grads[i].dtype else tf.cast(r, grads[i].dtype)
         return out_grads

@@ -144,7 +144,8 @@ def kmeans_plusplus(
     d = data.X.shape[1]
     trials = 2 + int(np.log(k))
     centers = np.empty((k, d))
-    first, _ = _pick(data, data.weight_slice, data.weight_sums, np.array([rng.random_sample() * data.weight_sums.sum()]), "right")
+    first, _ = _pick(data, data.weight_slice, data.weight_sums,
+                     np.array([rng.random_sample() * data.weight_sums.sum()]), "right")
     centers[0] = first[0]
     closest = np.empty(data.n_local)
     # One executor for the whole seeding, from global sizes (the same on every rank), as the fit.
@@ -191,7 +192,7 @@ def _random_rows(data: KMeansShard, k: int, rng: np.random.RandomState) -> np.nd
         totals = data.weight_sums - np.bincount(owners, weights=found_w, minlength=data.size)
         _, local = data.layout.mine(found_idx)
 
-        def values(s: int, e: int) -> np.ndarray:
+        def values(s: int, e: int, local: np.ndarray = local) -> np.ndarray:  # this round's rows, bound now
             w = data.weight_slice(s, e).copy()
             hit = local[(local >= s) & (local < e)]
             w[hit - s] = 0.0
@@ -220,7 +221,8 @@ def _kmeans_parallel(
     from mpinb.comm import gather_rows, on_root
 
     d = data.X.shape[1]
-    first, _ = _pick(data, data.weight_slice, data.weight_sums, np.array([rng.random_sample() * data.weight_sums.sum()]), "right")
+    first, _ = _pick(data, data.weight_slice, data.weight_sums,
+                     np.array([rng.random_sample() * data.weight_sums.sum()]), "right")
     candidates = first
     # Squared distances only steer the sampling and the candidate weights, so float32 halves the
     # memory at no cost in quality -- unless the data are so large that they would overflow it.

@@ -226,7 +226,7 @@ def _relocate_empty(
     old = np.concatenate([g[3] for g in gathered])
     xs = np.concatenate([g[4] for g in gathered])
     order = np.lexsort((gidx, -dist))[:n_empty]
-    for new_id, far in zip(empty, order):
+    for new_id, far in zip(empty, order, strict=False):
         sums[old[far]] -= xs[far] * w[far]
         sums[new_id] = xs[far] * w[far]
         weights[new_id] = w[far]

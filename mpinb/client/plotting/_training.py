@@ -119,10 +119,10 @@ def plot_loss(history: Any, metric: str = "loss", *, ax: Any = None, per_rank: b
         from matplotlib.lines import Line2D
 
         handles, labels = ax.get_legend_handles_labels()
-        kept = [(hd, lb) for hd, lb in zip(handles, labels) if hd not in rank_lines]
+        kept = [(hd, lb) for hd, lb in zip(handles, labels, strict=True) if hd not in rank_lines]
         proxy = Line2D([], [], color="0.5", linewidth=_RANK_WIDTH, alpha=_RANK_ALPHA)
         entries = [*kept, (proxy, f"ranks 0-{len(rank_lines) - 1} (one colour each)")]
-        ax.legend(*zip(*entries), fontsize="small")
+        ax.legend(*zip(*entries, strict=True), fontsize="small")
     else:
         ax.legend(fontsize="small")
     return ax
