@@ -266,7 +266,8 @@ def main() -> None:
         for row in run["results"]:
             med = row["median_seconds"]
             print(f"  {run['ranks']} ranks, {_size(row['payload_bytes']):>6}: two_messages/plain = "
-                  f"{med['two_messages'] / med['plain']:.2f}, plain_out/per_array = {med['plain_out'] / med['per_array']:.2f}"
+                  f"{med['two_messages'] / med['plain']:.2f}, "
+                  f"plain_out/per_array = {med['plain_out'] / med['per_array']:.2f}"
                   f"; mpinb's own cost: one_array/two_messages = {med['one_array'] / med['two_messages']:.2f}, "
                   f"fused/plain_out = {med['fused'] / med['plain_out']:.2f}")
     print(f"\nwrote {out} in {report['seconds']:.0f} s")

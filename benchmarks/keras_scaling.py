@@ -223,8 +223,9 @@ def summarize(samples: list[dict], steps: int) -> list[dict]:
 
 def ratios(rows: list[dict], batches: list[int], executions: list[int]) -> dict:
     def pick(ranks, threads, batch, spe, mode):
+        wanted = (ranks, threads, batch, spe, mode, "idle")
         return next((r for r in rows if (r["ranks"], r["threads_per_rank"], r["global_batch"], r["steps_per_execution"],
-                                         r["mode"], r["background"]) == (ranks, threads, batch, spe, mode, "idle")), None)
+                                         r["mode"], r["background"]) == wanted), None)
 
     summary = {}
     for batch in batches:
@@ -329,10 +330,12 @@ def main() -> None:
                         "writes to a temporary directory unless --out-dir is given")
     parser.add_argument("--batches", help="scaling: global batch sizes (default 256,1024,2048)")
     parser.add_argument("--executions", help="scaling: steps_per_execution values (default 1,8)")
-    parser.add_argument("--modes", help="scaling: modes at 2 ranks (default independent,lockstep,fused,weights,accumulate)")
+    parser.add_argument("--modes",
+                        help="scaling: modes at 2 ranks (default independent,lockstep,fused,weights,accumulate)")
     parser.add_argument("--steps", type=int, help="steps per timed epoch, a multiple of every steps_per_execution "
                         f"and of {AVERAGE_EVERY} (default 32; 8 with --quick)")
-    parser.add_argument("--repeats", type=int, help="scaling: timed epochs per mode per job, after one warm-up (default 2)")
+    parser.add_argument("--repeats", type=int,
+                        help="scaling: timed epochs per mode per job, after one warm-up (default 2)")
     parser.add_argument("--rounds", type=int, help="scaling: rounds of one job per layout (default 3)")
     parser.add_argument("--layouts", help="scaling: ranks x threads per rank (default 1x1,1x2,2x1)")
     parser.add_argument("--busy-repeats", type=int, help="busy: timed epochs per state per job (default 3)")
@@ -364,7 +367,8 @@ def main() -> None:
                 rounds=args.busy_rounds or (1 if q else 3))
     for p in (scaling, busy):
         if any(steps % int(e) for e in p["executions"].split(",")) or steps % AVERAGE_EVERY or steps % ACCUMULATE:
-            parser.error(f"--steps must be a multiple of every steps_per_execution, of {AVERAGE_EVERY} and of {ACCUMULATE}")
+            parser.error(f"--steps must be a multiple of every steps_per_execution, of {AVERAGE_EVERY} "
+                         f"and of {ACCUMULATE}")
     out_dir = Path(args.out_dir) if args.out_dir else (
         Path(tempfile.gettempdir()) / "mpinb-bench-quick" if q else RESULTS_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -401,8 +405,9 @@ def main() -> None:
             "benchmark": "keras_scaling, busy background process",
             "model": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}, SGD momentum, synthetic rows",
             "machine": _machine(),
-            "settings": {"quick": q, "global_batch": int(BUSY["batches"]), "steps_per_execution": int(BUSY["executions"]),
-                         "mode_at_2_ranks": BUSY["modes"], "layouts": BUSY["layouts"], "rounds": busy["rounds"],
+            "settings": {"quick": q, "global_batch": int(BUSY["batches"]),
+                         "steps_per_execution": int(BUSY["executions"]), "mode_at_2_ranks": BUSY["modes"],
+                         "layouts": BUSY["layouts"], "rounds": busy["rounds"],
                          "repeats": busy["repeats"], "steps_per_epoch": steps, "busy_loop": args.busy_loop,
                          "mpich_yield_at_2_ranks": {k: v for k, v in mpi_env(2).items() if k.startswith("MPIR_CVAR")},
                          "seconds": round(time.perf_counter() - t_start)},
@@ -413,7 +418,8 @@ def main() -> None:
         }
         share = report["busy_process_cpu_share"]
         _write(out_dir / "keras_busy.json", report,
-               f"the busy process got {'?' if share is None else f'{share:.0%}'} of a core while spinning (median over jobs)")
+               f"the busy process got {'?' if share is None else f'{share:.0%}'} of a core while spinning "
+               "(median over jobs)")
 
 def _write(path: Path, report: dict, note: str = "") -> None:
     """Write one case's JSON and print its ratios and rows."""

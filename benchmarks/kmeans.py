@@ -294,13 +294,16 @@ def scaling_case(args: argparse.Namespace, out: Path) -> None:
                     entry["agreement_with_sklearn_1thread"] = {
                         "max_centre_difference_relative": float(np.abs(centres - reference["centres"]).max() / scale),
                         "label_mismatches": int(np.count_nonzero(labels != reference["labels"])),
-                        "inertia_relative_difference": abs(results[0]["inertia"] - reference["inertia"]) / reference["inertia"],
+                        "inertia_relative_difference":
+                            abs(results[0]["inertia"] - reference["inertia"]) / reference["inertia"],
                         "same_n_iter": results[0]["n_iter"] == reference["n_iter"],
                     }
                 summary[name] = entry
             for ours, theirs in (("mpinb-1rank", "sklearn-1thread"), ("mpinb-2ranks", "sklearn-2threads")):
-                summary[f"ratio_{ours}_vs_{theirs}_wall"] = summary[ours]["wall_ms_per_iter"] / summary[theirs]["wall_ms_per_iter"]
-            summary["ratio_mpinb-1rank_vs_gemm_bound"] = summary["mpinb-1rank"]["wall_ms_per_iter"] / summary["gemm_bound_ms_per_iter_1thread"]
+                summary[f"ratio_{ours}_vs_{theirs}_wall"] = (summary[ours]["wall_ms_per_iter"]
+                                                             / summary[theirs]["wall_ms_per_iter"])
+            summary["ratio_mpinb-1rank_vs_gemm_bound"] = (summary["mpinb-1rank"]["wall_ms_per_iter"]
+                                                          / summary["gemm_bound_ms_per_iter_1thread"])
             report["results"][dtype] = summary
             del X
         print("[bench] memory at k=64", flush=True)
@@ -309,7 +312,8 @@ def scaling_case(args: argparse.Namespace, out: Path) -> None:
         proc = run_mpi(1, [__file__, "--memory-worker", json.dumps({"n": n_mem, "out": str(mem_out)})],
                        timeout=600, capture=True)
         if proc.returncode == 0:
-            report["memory_k64"] = {"n": n_mem, "d": D, "X_mib": n_mem * D * 8 / 2**20, **json.loads(mem_out.read_text())}
+            report["memory_k64"] = {"n": n_mem, "d": D, "X_mib": n_mem * D * 8 / 2**20,
+                                    **json.loads(mem_out.read_text())}
         else:
             report["memory_k64"] = {"error": proc.stdout[-2000:]}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -400,7 +404,7 @@ def _first_fit_sample(which: str, n: int, d: int, k: int, mpi_up: bool) -> dict:
 def first_case(args: argparse.Namespace, out: Path) -> None:
     sizes = {"small": (6_000, 5, 8), "large": (200_000, 16, 16)}
     variants = (("sklearn", False), ("mpinb", False), ("mpinb", True))
-    report: dict = {"setup": {"sizes": {name: dict(zip(("n", "d", "k"), v)) for name, v in sizes.items()},
+    report: dict = {"setup": {"sizes": {name: dict(zip(("n", "d", "k"), v, strict=True)) for name, v in sizes.items()},
                               "repeats": args.first_repeats, "threads": 1, "n_init": 1,
                               "cores": len(os.sched_getaffinity(0))},
                     "results": {}}
@@ -410,7 +414,8 @@ def first_case(args: argparse.Namespace, out: Path) -> None:
         for r in range(args.first_repeats):
             print(f"[bench] first fit, {name}, round {r + 1}/{args.first_repeats}", flush=True)
             for which, mpi_up in variants:
-                label = which if which == "sklearn" else f"mpinb ({'MPI already up' if mpi_up else 'MPI started in fit'})"
+                started = "MPI already up" if mpi_up else "MPI started in fit"
+                label = which if which == "sklearn" else f"mpinb ({started})"
                 samples.setdefault(label, []).append(_first_fit_sample(which, n, d, k, mpi_up))
         summary: dict = {}
         for label, rows in samples.items():
@@ -466,9 +471,12 @@ def single_case(args: argparse.Namespace, out: Path) -> None:
                 entry = {"sklearn-1thread": _median_entry(sk), "mpinb-1rank": _median_entry(ours),
                          "n_iter": ours[0]["n_iter"], "same_n_iter": ours[0]["n_iter"] == sk[0]["n_iter"],
                          "label_mismatches": int(np.count_nonzero(ours[0]["labels"] != sk[0]["labels"])),
-                         "ratios_wall_per_round": [o["wall_ms_per_iter"] / t["wall_ms_per_iter"] for o, t in zip(ours, sk)]}
-                entry["ratio_wall"] = entry["mpinb-1rank"]["wall_ms_per_iter"] / entry["sklearn-1thread"]["wall_ms_per_iter"]
-                entry["ratio_cpu"] = entry["mpinb-1rank"]["cpu_ms_per_iter_per_rank"] / entry["sklearn-1thread"]["cpu_ms_per_iter"]
+                         "ratios_wall_per_round": [o["wall_ms_per_iter"] / t["wall_ms_per_iter"]
+                                                   for o, t in zip(ours, sk, strict=True)]}
+                entry["ratio_wall"] = (entry["mpinb-1rank"]["wall_ms_per_iter"]
+                                       / entry["sklearn-1thread"]["wall_ms_per_iter"])
+                entry["ratio_cpu"] = (entry["mpinb-1rank"]["cpu_ms_per_iter_per_rank"]
+                                      / entry["sklearn-1thread"]["cpu_ms_per_iter"])
                 report["results"][f"{n}-{dtype}"] = entry
                 print(f"{n:>9,} {dtype}: wall {entry['ratio_wall']:.3f}x, CPU {entry['ratio_cpu']:.3f}x scikit-learn's "
                       f"per iteration", flush=True)
@@ -494,14 +502,16 @@ def kmeanspp_case(args: argparse.Namespace, out: Path) -> None:
             seed = SEED + r
             cfg = {"n": n, "seed": seed, "out": str(Path(tmpdir) / f"pp-{r}")}
 
-            def theirs() -> None:
+            # Both are called within this round; the defaults bind this round's seed and paths (as in
+            # single_case), so neither could see a later round's.
+            def theirs(seed: int = seed) -> None:
                 with threadpool_limits(limits=1):
                     wall0, cpu0 = time.perf_counter(), time.process_time()
                     centres, _ = kmeans_plusplus(X, K, random_state=np.random.RandomState(seed))
                     sk.append({"wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0,
                                "centres": centres})
 
-            def mine() -> None:
+            def mine(cfg: dict = cfg) -> None:
                 proc = run_mpi(1, [__file__, "--plusplus-worker", json.dumps(cfg)], timeout=600, env=_mpi_env(),
                                capture=True)
                 if proc.returncode != 0:
@@ -519,7 +529,7 @@ def kmeanspp_case(args: argparse.Namespace, out: Path) -> None:
         "sklearn_kmeans_plusplus": _median_entry(sk),
         "mpinb_kmeans_plusplus": _median_entry(ours),
         "same_centres_as_sklearn_every_round": all(same),
-        "ratios_wall_per_round": [o["wall_s"] / t["wall_s"] for o, t in zip(ours, sk)],
+        "ratios_wall_per_round": [o["wall_s"] / t["wall_s"] for o, t in zip(ours, sk, strict=True)],
     }
     report["ratio_wall"] = report["mpinb_kmeans_plusplus"]["wall_s"] / report["sklearn_kmeans_plusplus"]["wall_s"]
     report["ratio_cpu"] = report["mpinb_kmeans_plusplus"]["cpu_s"] / report["sklearn_kmeans_plusplus"]["cpu_s"]
@@ -537,13 +547,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, help="scaling case: interleaved rounds (default 3; 1 with --quick)")
     parser.add_argument("--busy-repeats", type=int, help="busy case: fits per state (default 11; 3 with --quick)")
     parser.add_argument("--busy-loop", default="python", choices=("python", "numpy"))
-    parser.add_argument("--first-repeats", type=int, help="first case: rounds of fresh processes (default 7; 2 with --quick)")
+    parser.add_argument("--first-repeats", type=int,
+                        help="first case: rounds of fresh processes (default 7; 2 with --quick)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
     parser.add_argument("--busy-worker", help=argparse.SUPPRESS)
     parser.add_argument("--plusplus-worker", help=argparse.SUPPRESS)
-    parser.add_argument("--single-repeats", type=int, help="single and kmeanspp cases: interleaved rounds (default 5; 1 with --quick)")
+    parser.add_argument("--single-repeats", type=int,
+                        help="single and kmeanspp cases: interleaved rounds (default 5; 1 with --quick)")
     parser.add_argument("--out-dir", help="default benchmarks/results (a temporary directory with --quick)")
     args = parser.parse_args()
     if args.worker:

@@ -51,7 +51,7 @@ def worker(config: dict) -> None:
     mpinb.limit_threads(1)
     mpinb.set_collective_timeout(None)
     comm = MPI.COMM_WORLD.Dup()
-    rank, size = comm.rank, comm.size
+    rank = comm.rank
     mpinb.world()
     x, y = np.ones(1), np.empty(1)
     ops = {
@@ -185,8 +185,9 @@ def main() -> None:
         for shape in ("tree", "flat"):
             r = rec[shape]
             print(f"    {shape}: waiting raise {r['waiting_ranks_raised_after_ms_median']} ms (slowest "
-                  f"{r['slowest_waiting_rank_raised_after_ms_median']}), late {r['late_rank_raised_after_entering_ms_median']:.1f}"
-                  f" ms, next {r['next_collective_ms_median']:.1f} ms, notes {r['notes_per_revocation']}, busiest "
+                  f"{r['slowest_waiting_rank_raised_after_ms_median']}), "
+                  f"late {r['late_rank_raised_after_entering_ms_median']:.1f} ms, "
+                  f"next {r['next_collective_ms_median']:.1f} ms, notes {r['notes_per_revocation']}, busiest "
                   f"{r['notes_sent_by_busiest_rank']}", flush=True)
     out.write_text(json.dumps(report, indent=1))
     print(f"wrote {out}")

@@ -37,11 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(ROOT / "benchmarks"))
+# The same data as kmeans.py. This runs as a script (mpiexec's workers too), so its own folder,
+# benchmarks/, is first on sys.path already.
+from kmeans import K, make_rows
 
-from kmeans import K, make_rows  # after the path set-up: the same data as kmeans.py
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # mpinb from this checkout (kmeans.py does the same)
 
 DTYPE = "float64"
 

@@ -65,13 +65,13 @@ def soak(fits: int, n: int, warmup: int = 10) -> dict:
             cluster.view.execute(f"last = one_fit({i})")
         end = measure(cluster)
         seconds = time.perf_counter() - t0
-        growth = [e / s - 1 for s, e in zip(start["rss"], end["rss"])]
+        growth = [e / s - 1 for s, e in zip(start["rss"], end["rss"], strict=True)]
         return {
             "fits": fits, "ranks": n, "warmup_fits": warmup, "seconds": seconds,
             "rss_mib_start": [r / 2**20 for r in start["rss"]], "rss_mib_end": [r / 2**20 for r in end["rss"]],
             "rss_growth_fraction": growth, "max_rss_growth_fraction": max(growth),
             "fds_start": start["fds"], "fds_end": end["fds"],
-            "fd_growth": max(e - s for s, e in zip(start["fds"], end["fds"])),
+            "fd_growth": max(e - s for s, e in zip(start["fds"], end["fds"], strict=True)),
             "zombies": zombies(cluster),
         }
 
