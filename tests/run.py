@@ -185,14 +185,16 @@ def main() -> int:
     passed, failed, skipped = tally(reports)
     shutil.rmtree(reports, ignore_errors=True)
     failed = max(failed, len(failures)) if failures else failed
-    print(f"\n[run.py] {time.monotonic() - started:.0f} s in all" + (f"; failed: {', '.join(failures)}" if failures else ""))
+    print(f"\n[run.py] {time.monotonic() - started:.0f} s in all"
+          + (f"; failed: {', '.join(failures)}" if failures else ""))
     print(f"{passed} passed, {failed} failed, {skipped} skipped", flush=True)
     return 1 if failures or failed else 0
 
 
 def run_tier(tier: str, env: dict[str, str], extra: list[str], log: Any = None) -> int:
     """One pytest process for a tier that is not ``mpi``."""
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / tier), "-q", f"--timeout={PER_TEST_TIMEOUT}", DURATIONS, *extra]
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / tier), "-q", f"--timeout={PER_TEST_TIMEOUT}",
+           DURATIONS, *extra]
     return run(cmd, dict(env, MPINB_TEST_TIER=tier), TIER_TIMEOUT[tier], log)
 
 

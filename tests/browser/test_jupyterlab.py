@@ -221,10 +221,10 @@ _STATE = r"""panel => ({
 # Finished, or stopped by an error (which unqueues the cells below it): the kernel is idle, no code
 # cell is queued or running, and one has a number. "Run All" queues every cell at once, so the gap
 # between two cells never satisfies this; it is checked in one evaluation for the same reason.
-_DONE = r"""selector => {
-    const s = (%s)(document.querySelector(selector));
+_DONE = rf"""selector => {{
+    const s = ({_STATE})(document.querySelector(selector));
     return s.status === 'idle' && !s.prompts.includes('[*]:') && s.prompts.some(p => /^\[\d+\]:$/.test(p));
-}""" % _STATE
+}}"""
 
 
 def _run_all(page, url: str, tmp: Path) -> dict:

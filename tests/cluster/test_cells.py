@@ -6,9 +6,10 @@ never pairs with a stale collective; a late rank's stale call raises instead of 
 others' next one; a cell sent to some engines only is refused at once; a failure in the middle of
 ``KMeans.fit`` on one rank ends every rank's wait. After every trial, a collective on every rank
 gives the right value and the engines' variables are intact. 2 and 4 ranks, one trial each
-(``MPINB_CELL_TRIALS`` for more): the orderings are explored by the model tier (``tests/model``). The orderings these trials meet by
-chance -- a rank already in its next cell's collective when the others reach the one it left, or
-only after they gave it up -- are forced one by one on mpiexec ranks in ``tests/mpi/test_cells.py``.
+(``MPINB_CELL_TRIALS`` for more): the orderings are explored by the model tier (``tests/model``).
+The orderings these trials meet by chance -- a rank already in its next cell's collective when the
+others reach the one it left, or only after they gave it up -- are forced one by one on mpiexec
+ranks in ``tests/mpi/test_cells.py``.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ class Engines:
         """Run one cell on every rank, require it to fail exactly on ``fails_on``, return each rank's ``record``."""
         ar = self.cluster.view.execute(code, block=False)
         failed = self.wait(ar)
-        assert failed == fails_on, f"the cell failed on ranks {sorted(failed)}, not {sorted(fails_on)}: {self.last_errors}"
+        assert failed == fails_on, (f"the cell failed on ranks {sorted(failed)}, not {sorted(fails_on)}: "
+                                    f"{self.last_errors}")
         return self.cluster.pull("record")
 
     def wait(self, ar: Any) -> set[int]:
@@ -262,7 +264,8 @@ def test_tracebacks_show_the_users_frames_without_mpinbs(engines: Engines) -> No
     shown = {name: tb for name, _, tb, _ in info.value.elist}
     assert set(shown) == {"ZeroDivisionError", "CollectiveAbandoned"}, set(shown)
     frames = [line for line in shown["CollectiveAbandoned"].splitlines() if "line " in line]
-    assert frames and not any("mpinb" in line and "_collective" in line for line in shown["CollectiveAbandoned"].splitlines())
+    assert frames and not any("mpinb" in line and "_collective" in line
+                              for line in shown["CollectiveAbandoned"].splitlines())
     assert len(shown["CollectiveAbandoned"].splitlines()) < 20, shown["CollectiveAbandoned"]
     engines.recovered(marker)
 
@@ -359,7 +362,8 @@ def test_the_first_interrupt_ends_every_wait_inside_kmeans_fit(engines: Engines,
             assert rec["raised"] in ("KeyboardInterrupt", "CollectiveAbandoned"), rec
             continue
         assert rec["raised"] == "KeyboardInterrupt", f"rank {rank}: {rec}"
-        assert rec["ended"] - sent < INTERRUPT_GRACE + 2.0, f"rank {rank} stopped {rec['ended'] - sent:.2f} s after one interrupt"
+        assert rec["ended"] - sent < INTERRUPT_GRACE + 2.0, (f"rank {rank} stopped {rec['ended'] - sent:.2f} s "
+                                                             "after one interrupt")
     engines.recovered(marker)
 
 
@@ -547,7 +551,8 @@ def test_the_first_interrupt_ends_the_wait_on_tensorflows_thread(keras_engines: 
     keras_engines.wait(ar)
     records = keras_engines.cluster.pull("record")
     assert records[0]["raised"] == "KeyboardInterrupt", records[0]
-    assert records[0]["ended"] - sent < INTERRUPT_GRACE + 2.5, f"rank 0 stopped {records[0]['ended'] - sent:.2f} s after the interrupt"
+    assert records[0]["ended"] - sent < INTERRUPT_GRACE + 2.5, (f"rank 0 stopped {records[0]['ended'] - sent:.2f} s "
+                                                                "after the interrupt")
     assert records[1]["raised"] in ("KeyboardInterrupt", "CollectiveAbandoned"), records[1]
     keras_engines.recovered(marker)
 

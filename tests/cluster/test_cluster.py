@@ -33,7 +33,8 @@ def test_engines_form_one_world_ordered_by_rank(cluster2) -> None:
 
 
 def test_engines_get_a_thread_budget_and_yield_settings(cluster2) -> None:
-    cluster2.view.execute("import os; env = {k: os.environ.get(k) for k in ('OMP_NUM_THREADS', 'TF_NUM_INTRAOP_THREADS')}")
+    cluster2.view.execute("import os; "
+                          "env = {k: os.environ.get(k) for k in ('OMP_NUM_THREADS', 'TF_NUM_INTRAOP_THREADS')}")
     cores = len(os.sched_getaffinity(0))
     budget = str(max(1, cores // 2))
     assert cluster2.pull("env") == [{"OMP_NUM_THREADS": budget, "TF_NUM_INTRAOP_THREADS": budget}] * 2
@@ -54,7 +55,8 @@ def test_controller_listens_on_loopback_only(cluster2) -> None:
     client_info = cluster2.client._config if hasattr(cluster2.client, "_config") else {}
     urls = json.dumps(client_info) + json.dumps(info or {}, default=str)
     assert "127.0.0.1" in urls
-    for proc in [psutil.Process(cluster2.cluster.controller.pid), *psutil.Process(cluster2.cluster.controller.pid).children(recursive=True)]:
+    controller = psutil.Process(cluster2.cluster.controller.pid)
+    for proc in [controller, *controller.children(recursive=True)]:
         for conn in proc.net_connections(kind="tcp"):
             if conn.status == psutil.CONN_LISTEN:
                 assert conn.laddr.ip == "127.0.0.1", f"controller listens on {conn.laddr}"
@@ -215,7 +217,8 @@ def test_live_loss_updates_every_epoch_during_a_nonblocking_fit(cluster2) -> Non
         "from mpinb.data import make_classification\n"
         "X, y = make_classification(512, n_features=8, random_state=0)\n"
         "keras.utils.set_random_seed(0)\n"
-        "model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation='relu'), keras.layers.Dense(2, activation='softmax')])\n"
+        "model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation='relu'),\n"
+        "                          keras.layers.Dense(2, activation='softmax')])\n"
         "model.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
         "class Slow(keras.callbacks.Callback):\n"
         "    def on_epoch_end(self, epoch, logs=None):\n"

@@ -135,7 +135,8 @@ def test_killed_engine_is_reported_fast_and_training_resumes_from_the_checkpoint
         epoch_at_kill = json.loads(record.read_text())["epoch"]
 
         cluster.restart()
-        cluster.view.execute(KERAS_SETUP.replace("mpinb.keras.fit(model, X, y, batch_size=64, epochs=1, verbose=0)\n", ""))
+        first_fit = "mpinb.keras.fit(model, X, y, batch_size=64, epochs=1, verbose=0)\n"
+        cluster.view.execute(KERAS_SETUP.replace(first_fit, ""))
         cluster.view.execute(
             f"history = mpinb.keras.fit(model, X, y, batch_size=64, epochs={epoch_at_kill + 3}, "
             f"checkpoint={checkpoint!r}, resume=True, verbose=0)"

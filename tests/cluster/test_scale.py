@@ -185,6 +185,6 @@ def test_an_idle_engine_passes_notes_on_between_cells(engines: Engines) -> None:
     time.sleep(1.0)
     engines.cluster.view.execute("del _chan.notices\nidle = list(looks)", block=True)
     idle, in_cell = engines.cluster.pull("idle"), engines.cluster.pull("in_cell")
-    for rank, (looks, (began, ended)) in enumerate(zip(idle, in_cell)):
+    for rank, (looks, (began, ended)) in enumerate(zip(idle, in_cell, strict=True)):
         assert not [t for t in looks if began <= t <= ended], f"rank {rank} looked during a cell"
         assert len([t for t in looks if t > ended]) >= 5, f"rank {rank} looked {len(looks)} times, idle 1 s"

@@ -38,7 +38,7 @@ def test_each_rank_sees_exactly_its_one_gpu():
     chosen = COMM.allgather(CHOICE.gpu)
     if CHOICE.sharers == 1:
         hosts = COMM.allgather(mpinb.world().host)
-        assert len(set(zip(hosts, chosen))) == COMM.Get_size(), f"two ranks on one GPU: {chosen}"
+        assert len(set(zip(hosts, chosen, strict=True))) == COMM.Get_size(), f"two ranks on one GPU: {chosen}"
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])

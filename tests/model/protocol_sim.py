@@ -441,7 +441,7 @@ class Sim:
             if len(ops_) > 1 or len(shapes) > 1:
                 raise Violation(f"MPI matched allreduces of different ops or buffers on {ctx.name} #{i}: {shapes}")
             result = _reduce([a[0] for _, a, _ in posts], posts[0][1][2])
-            for _, (data, recv, _), req in posts:
+            for _, (_, recv, _), req in posts:
                 req.apply = (lambda recv=recv: recv.__setitem__(Ellipsis, result))
         elif kind == "bcast":
             roots = {a[2] for _, a, _ in posts}
@@ -517,7 +517,8 @@ class Sim:
                     or (state != WAITING and now >= rank.wake_at)
                     or (state == IDLE and self._cell_available(rank))):
                 out.append(("run", rank.r))
-            if self.interrupts_left and state in (WAITING, COMPUTING) and (rank.cell.id, rank.r) in self.interrupts_left:
+            if (self.interrupts_left and state in (WAITING, COMPUTING)
+                    and (rank.cell.id, rank.r) in self.interrupts_left):
                 out.append(("interrupt", rank.r))
             if state == WAITING and rank.r in self.ops_in:
                 place = (rank.cell.id, rank.r)
@@ -920,7 +921,8 @@ class Patched:
             setattr(obj, name, value)
 
 
-def run_schedule(scenario: Scenario, chooser: Any, log: list[str] | None = None) -> tuple[Record | None, str | None, int]:
+def run_schedule(scenario: Scenario, chooser: Any,
+                 log: list[str] | None = None) -> tuple[Record | None, str | None, int]:
     """Run ``scenario`` once under ``chooser``: (record, violation text or None, steps); with ``log``,
     what happened, step by step, is appended to it."""
     sim = Sim(scenario, chooser)

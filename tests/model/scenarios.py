@@ -3,8 +3,9 @@
 Each scenario is a notebook session on ``n`` engines: a cell of two collectives (labels say which
 call is which, so a value paired with another call is seen as wrong), a fault on one rank (or on
 every rank: the Stop button), and the simulator's own last cell, which checks that the next
-collective works on every rank (sent before the first ends, in the ``queued`` scenarios). Host layouts: every rank on one host (ranks see each other's board
-rows), every rank on its own host (cell ends and revocations travel as notes), or two hosts.
+collective works on every rank (sent before the first ends, in the ``queued`` scenarios). Host
+layouts: every rank on one host (ranks see each other's board rows), every rank on its own host
+(cell ends and revocations travel as notes), or two hosts.
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ def faults(n: int) -> list[tuple[str, object]]:
             ("raise inside after a failure", raise_inside_after_a_failure),
             ("no fault, next cell queued", lambda cells, rng: {"queued": True}),
             ("script: late past a deadline", script_late_past_deadline),
-            ("script: no fault", lambda cells, rng: {"script": True, "queued": True}), ("no fault", lambda cells, rng: {})]
+            ("script: no fault", lambda cells, rng: {"script": True, "queued": True}),
+            ("no fault", lambda cells, rng: {})]
 
 
 def build(n: int, fault: str, layout: str, seed: int) -> Scenario | None:

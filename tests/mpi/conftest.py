@@ -43,7 +43,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     size = COMM.Get_size()
     files = {3: ODD_WORLD_FILES, 4: FOUR_RANK_FILES}.get(size)
     if files is not None:
-        kept = [item for item in items if item.path.name in files and not (size == 4 and _SAME_AT_ANY_SIZE.search(item.name))]
+        kept = [item for item in items
+                if item.path.name in files and not (size == 4 and _SAME_AT_ANY_SIZE.search(item.name))]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
     for item in items:

@@ -15,7 +15,8 @@ SIZE = MPI.COMM_WORLD.Get_size()
 def test_check_all_names_failing_ranks(comm) -> None:
     mpinb.check_all(True, "never shown", comm=comm)
     bad = SIZE - 1
-    with raises_everywhere(RuntimeError, match=rf"shard is empty \[on {'the only rank' if SIZE == 1 else f'rank {bad} of {SIZE}'}\]"):
+    where = "the only rank" if SIZE == 1 else f"rank {bad} of {SIZE}"
+    with raises_everywhere(RuntimeError, match=rf"shard is empty \[on {where}\]"):
         mpinb.check_all(RANK != bad, "shard is empty", comm=comm, exc=RuntimeError)
 
 
@@ -29,7 +30,8 @@ def test_check_all_combines_different_messages(comm) -> None:
 @pytest.mark.mpi_sizes(2, 3, 4)
 def test_check_same_detects_hyperparameter_mismatch(comm) -> None:
     mpinb.check_same({"k": 5}, "n_clusters", comm=comm)
-    with raises_everywhere(mpinb.CollectiveMismatchError, match=r"n_clusters must be the same on every rank.*rank 1: 6"):
+    with raises_everywhere(mpinb.CollectiveMismatchError,
+                           match=r"n_clusters must be the same on every rank.*rank 1: 6"):
         mpinb.check_same(6 if RANK == 1 else 5, "n_clusters", comm=comm)
 
 

@@ -89,8 +89,8 @@ def test_allreduce_into_out_and_in_place(any_comm) -> None:
     want = mpinb.allreduce(arrays, op="mean", comm=any_comm)
     out = [np.zeros_like(np.asarray(w)) for w in want]
     got = mpinb.allreduce(arrays, op="mean", out=out, comm=any_comm)
-    assert all(g is o for g, o in zip(got, out))
-    for g, w in zip(got, want):
+    assert all(g is o for g, o in zip(got, out, strict=True))
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
     # out=arrays: in place, the large array straight into itself.
     inplace = [np.full(4, r + 1.0), big.copy()]
@@ -171,7 +171,8 @@ def test_allreduce_uses_one_buffer_collective_per_dtype(comm) -> None:
 @pytest.mark.mpi_sizes(2, 3, 4)
 def test_allreduce_shape_mismatch_raises_everywhere(comm) -> None:
     shape = (3,) if RANK != 1 else (4,)
-    with raises_everywhere(mpinb.CollectiveMismatchError, match=r"shapes, dtypes and op must be the same on every rank"):
+    with raises_everywhere(mpinb.CollectiveMismatchError,
+                           match=r"shapes, dtypes and op must be the same on every rank"):
         mpinb.allreduce([np.ones(2), np.ones(shape)], comm=comm)
 
 

@@ -57,7 +57,7 @@ def test_bundled_shards_gather_to_the_full_split(name: str, comm) -> None:
     mine = loader(comm=comm, test_size=0.2, random_state=11)
     full = loader(shard=False, test_size=0.2, random_state=11)
     on_self = loader(comm=SELF, test_size=0.2, random_state=11)
-    for local, whole, alone in zip(mine, full, on_self):
+    for local, whole, alone in zip(mine, full, on_self, strict=True):
         assert_gathers_to(local, whole, comm)
         assert alone.tobytes() == whole.tobytes()
     assert_everywhere(len(mine.X_train) == len(mine.y_train), "X and y shards have the same length", comm)
@@ -180,7 +180,8 @@ def test_load_npy_path_on_some_ranks_only(comm, shared_dir: Path, monkeypatch: p
     comm.Barrier()
     others = "1" if SIZE == 2 else f"1-{SIZE - 1}"  # consecutive ranks are written as a range
     label = "rank" if SIZE == 2 else "ranks"
-    with raises_everywhere(FileNotFoundError, match=rf"No such file.*x\.npy.*\[on {label} {others} of {SIZE}\]", comm=comm):
+    with raises_everywhere(FileNotFoundError, match=rf"No such file.*x\.npy.*\[on {label} {others} of {SIZE}\]",
+                           comm=comm):
         data.load_npy("x.npy", comm=comm)
 
 
@@ -270,7 +271,8 @@ def test_shard_files_partition_the_sorted_list_in_rank_order(per_rank: float, co
     lo, hi = mpinb.shard_bounds(n, rank=RANK, size=SIZE)
     assert_everywhere(by_pattern == by_list == files[lo:hi], "this rank's files are its shard_bounds run", comm)
     everyone = comm.allgather(by_pattern)
-    assert_everywhere([f for mine in everyone for f in mine] == files, "rank order concatenates to the sorted list", comm)
+    assert_everywhere([f for mine in everyone for f in mine] == files, "rank order concatenates to the sorted list",
+                      comm)
     assert_everywhere(min(map(len, everyone)) >= 1 and max(map(len, everyone)) - min(map(len, everyone)) <= 1,
                       f"balanced, none empty: {list(map(len, everyone))}", comm)
     assert data.shard_files(files, comm=SELF) == files
@@ -288,7 +290,8 @@ def test_shard_files_different_lists_across_ranks(comm, shared_dir: Path) -> Non
 
 
 @pytest.mark.mpi_sizes(2, 3, 4)
-def test_shard_files_pattern_matching_on_some_ranks_only(comm, shared_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shard_files_pattern_matching_on_some_ranks_only(comm, shared_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # Node-local disks, simulated: only rank 0's working directory holds the files.
     mine = shared_dir / f"rank{RANK}"
     mine.mkdir()
@@ -342,7 +345,8 @@ def test_shard_dataset_shards_are_disjoint_and_cover_the_dataset(tf, per_rank: f
     mine = [int(v) for v in data.shard_dataset(tf.data.Dataset.range(n), comm=comm).as_numpy_iterator()]
     everyone = comm.allgather(mine)
     seen = [v for part in everyone for v in part]
-    assert_everywhere(sorted(seen) == list(range(n)) and len(set(seen)) == n, "disjoint shards covering the dataset", comm)
+    assert_everywhere(sorted(seen) == list(range(n)) and len(set(seen)) == n, "disjoint shards covering the dataset",
+                      comm)
     assert_everywhere(mine == list(range(RANK, n, SIZE)) and len(mine) >= 1, "element i on rank i % size", comm)
 
 

@@ -110,7 +110,8 @@ def test_gradients_equal_single_process_full_batch(digits, make_optimizer):
 
     ref, ref_history = once(one_process)
     mine = weights_of(model)
-    assert_everywhere(relative_error(mine, ref) < 1e-5, f"weights within 1e-5 of one process ({relative_error(mine, ref):.2e})")
+    assert_everywhere(relative_error(mine, ref) < 1e-5,
+                      f"weights within 1e-5 of one process ({relative_error(mine, ref):.2e})")
     assert_same_everywhere(mine)  # bit-identical across ranks
     # Global logs are the single-process ones: the mean over ranks of equal-sized per-rank means.
     np.testing.assert_allclose(history["loss"], ref_history["loss"], rtol=1e-5)
@@ -125,7 +126,8 @@ def test_uneven_digits_run_the_same_steps_everywhere(digits):
     counter = CountBatches()
     history = mk.fit(mlp(2), Xl, yl, batch_size=32, epochs=2, seed=5, callbacks=[counter], shards="equal", verbose=0)
     per_rank = 32 // SIZE
-    expected = min((hi - lo) // per_rank for lo, hi in (mpinb.shard_bounds(len(X), rank=r, size=SIZE) for r in range(SIZE)))
+    bounds = [mpinb.shard_bounds(len(X), rank=r, size=SIZE) for r in range(SIZE)]
+    expected = min((hi - lo) // per_rank for lo, hi in bounds)
     assert_same_everywhere(counter.batches)
     assert counter.batches == 2 * expected
     assert history["steps"] == [expected, expected]
@@ -134,7 +136,7 @@ def test_uneven_digits_run_the_same_steps_everywhere(digits):
     assert np.array(history["comm_seconds"]).shape == (2, SIZE)
     wait = np.array(history["wait_seconds"])
     assert wait.shape == (2, SIZE) and np.all(wait >= 0) and np.all(wait <= np.array(history["comm_seconds"]))
-    assert history["params"]["rows_per_rank"] == [hi - lo for lo, hi in (mpinb.shard_bounds(len(X), rank=r, size=SIZE) for r in range(SIZE))]
+    assert history["params"]["rows_per_rank"] == [hi - lo for lo, hi in bounds]
     assert_same_everywhere(history["loss"])
 
 
@@ -259,7 +261,8 @@ def test_steps_per_execution_trains_exactly_like_one_step_per_call(digits, strat
     assert h4["steps"] == h1["steps"] == [16, 16]
     assert int(four.optimizer.iterations.numpy()) == 32
     assert_everywhere(relative_error(weights_of(four), weights_of(one)) < 1e-6,
-                      f"same weights with 4 steps per execution ({relative_error(weights_of(four), weights_of(one)):.1e})")
+                      "same weights with 4 steps per execution "
+                      f"({relative_error(weights_of(four), weights_of(one)):.1e})")
     assert_same_everywhere(weights_of(four))
     np.testing.assert_allclose(h4["loss"], h1["loss"], rtol=1e-5)
 
@@ -533,7 +536,8 @@ def test_plain_model_fit_with_distributed_optimizer_and_callbacks_equals_one_pro
     # Global batch k is rows [k*B, (k+1)*B); rank r holds its sub-batches of every global batch.
     mine = np.concatenate([np.arange(k * B + RANK * per_rank, k * B + (RANK + 1) * per_rank)
                            for k in range(len(X) // B)])
-    model = mlp(20 + RANK, batchnorm=batchnorm, optimizer=mk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)))
+    model = mlp(20 + RANK, batchnorm=batchnorm,
+                optimizer=mk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)))
     callbacks = [mk.BroadcastInitialState(), mk.MetricAverage(), mk.SyncNonTrainable()]
     history = model.fit(X[mine], y[mine], batch_size=per_rank, epochs=epochs, shuffle=False, callbacks=callbacks,
                         verbose=0)

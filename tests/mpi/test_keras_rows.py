@@ -49,7 +49,7 @@ def split(kind: str) -> list[np.ndarray]:
     ends = np.round(np.cumsum(weights) / weights.sum() * N).astype(int)
     if kind == "single_row" and SIZE > 1:
         ends[-2] = N - 1
-    return [np.arange(lo, hi) for lo, hi in zip([0, *ends[:-1]], ends)]
+    return [np.arange(lo, hi) for lo, hi in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 def mlp(seed: int, *, batchnorm: bool = False, optimizer: str = "adam"):

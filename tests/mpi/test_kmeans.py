@@ -296,7 +296,8 @@ def test_nan_on_one_rank():
 def test_different_n_features():
     X = local(blobs(d=5))
     X = last_rank_gets(np.hstack([X, X[:, :1]]), X)
-    with raises_everywhere(CollectiveMismatchError, match=r"the number of features \(columns of X_local\) must be the same on every rank"):
+    with raises_everywhere(CollectiveMismatchError,
+                           match=r"the number of features \(columns of X_local\) must be the same on every rank"):
         KMeans(3, init="random").fit(X)
 
 
@@ -313,7 +314,8 @@ def test_n_clusters_not_positive():
 def test_init_array_of_wrong_shape_on_one_rank():
     X = blobs()
     init = last_rank_gets(X[:4], X[:3])
-    with raises_everywhere(ValueError, match=r"init has shape \(4, 5\), but it must be \(n_clusters, n_features\) = \(3, 5\)"):
+    with raises_everywhere(ValueError,
+                           match=r"init has shape \(4, 5\), but it must be \(n_clusters, n_features\) = \(3, 5\)"):
         KMeans(3, init=init).fit(local(X))
 
 
@@ -344,7 +346,8 @@ def test_sample_weight_length_mismatch_on_one_rank():
 def test_different_hyper_parameters(param):
     values = {"n_clusters": (5, 6), "random_state": (0, 1), "tol": (1e-4, 1e-3)}[param]
     kwargs = {"n_clusters": 5, param: last_rank_gets(values[1], values[0])}
-    with raises_everywhere(CollectiveMismatchError, match=rf"the KMeans configuration must be the same on every rank.*{param}"):
+    with raises_everywhere(CollectiveMismatchError,
+                           match=rf"the KMeans configuration must be the same on every rank.*{param}"):
         KMeans(**kwargs).fit(local(blobs()))
 
 

@@ -53,7 +53,8 @@ def test_mpi_traffic_crosses_the_bridge(sim, mpi_env, netmod, tmp_path):
                        env={**mpi_env, **TCP[netmod]}, timeout=60, hostfile=tmp_path / "hosts")
     after = sim.bridge_bytes()
     assert proc.returncode == 0, proc.stdout[-3000:]
-    ranks = sorted((int(r), int(s), h, float(lo), float(hi)) for r, s, h, lo, hi in re.findall(r"RANK (\d+) (\d+) (\S+) (\S+) (\S+)", proc.stdout))
+    ranks = sorted((int(r), int(s), h, float(lo), float(hi))
+                   for r, s, h, lo, hi in re.findall(r"RANK (\d+) (\d+) (\S+) (\S+) (\S+)", proc.stdout))
     assert [(r, s, h) for r, s, h, _, _ in ranks] == [(0, 3, "host1"), (1, 3, "host1"), (2, 3, "host2")]
     assert all(lo == hi == 6.0 for *_, lo, hi in ranks)  # 1 + 2 + 3
     sent = {name: after[name] - before[name] for name in after}
@@ -143,7 +144,8 @@ def test_cluster_engines_share_each_hosts_cores(sim, tmp_path):
             "import os, socket, numpy, mpinb.comm\n"
             "from threadpoolctl import threadpool_info\n"
             "host, cores = socket.gethostname(), len(os.sched_getaffinity(0))\n"
-            "budget = {v: os.environ.get(v) for v in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'TF_NUM_INTRAOP_THREADS')}\n"
+            "budget = {v: os.environ.get(v)\n"
+            "          for v in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'TF_NUM_INTRAOP_THREADS')}\n"
             "pools = [p['num_threads'] for p in threadpool_info()]\n"
             "chosen = mpinb.comm.threads_chosen()\n"
         )
@@ -154,7 +156,8 @@ def test_cluster_engines_share_each_hosts_cores(sim, tmp_path):
         assert cores[0] < 2 or expected[0] > expected[1], f"cores {cores}: the test cannot tell the hosts apart"
         assert cluster.pull("budget") == [dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                           "TF_NUM_INTRAOP_THREADS"), str(e)) for e in expected]
-        assert all(n <= e for pools, e in zip(cluster.pull("pools"), expected) for n in pools), cluster.pull("pools")
+        pools_by_rank = cluster.pull("pools")
+        assert all(n <= e for pools, e in zip(pools_by_rank, expected, strict=True) for n in pools), pools_by_rank
         assert cluster.pull("chosen") == [True, True, True]  # keras.fit keeps it
         # Engines on other hosts (by hostname) get interrupt()'s SIGINT through their nannies.
         ar = cluster.view.execute("import time\ntry:\n    time.sleep(60)\n    stopped = False\n"
@@ -177,7 +180,8 @@ def test_info_lists_reachable_hosts(sim, mpi_env, tmp_path):
                      proc.stdout)
     assert re.search(rf"ok +{two}: reached .*hostname host2", proc.stdout)
     assert re.search(r"ok +controller address " + re.escape(sim.gateway) + r": assigned to " + sim.uplink, proc.stdout)
-    assert re.search(r"ok +3 MPI ranks across 2 host\(s\): one world of 3 \(host1: ranks 0-1, host2: rank 2\)", proc.stdout)
+    assert re.search(r"ok +3 MPI ranks across 2 host\(s\): one world of 3 \(host1: ranks 0-1, host2: rank 2\)",
+                     proc.stdout)
     assert "4 of 4 pre-flight checks passed." in proc.stdout
 
 
@@ -190,14 +194,15 @@ def test_info_names_an_unreachable_host_and_controller(sim, mpi_env):
                      proc.stdout)
     assert re.search(r"FAIL +controller address 127\.0\.0\.1: a loopback address .*cannot reach it", proc.stdout)
     # host1 itself is fine, but what it sees at 127.0.0.1 is its own loopback.
-    assert re.search(r"FAIL +host1: reached .*hostname host1.*cannot reach the controller address 127\.0\.0\.1", proc.stdout)
+    assert re.search(r"FAIL +host1: reached .*hostname host1.*cannot reach the controller address 127\.0\.0\.1",
+                     proc.stdout)
     assert "MPI ranks across" not in proc.stdout  # no MPI start while a host is unreachable
 
     elsewhere = str(sim.subnet[77])
     proc = _mpinb_info(sim, ["--hosts", "host2", "--controller-ip", elsewhere, "--timeout", "5"], mpi_env)
     assert proc.returncode == 1, proc.stdout
-    assert re.search(rf"FAIL +controller address {re.escape(elsewhere)}: not assigned to any interface of this machine.*"
-                     + re.escape(sim.gateway), proc.stdout)
+    assert re.search(rf"FAIL +controller address {re.escape(elsewhere)}: "
+                     r"not assigned to any interface of this machine.*" + re.escape(sim.gateway), proc.stdout)
     assert re.search(r"ok +host2: reached .*hostname host2", proc.stdout)
 
 

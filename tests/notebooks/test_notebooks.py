@@ -35,13 +35,15 @@ def run_notebook(name: str, parameters: dict, results: list[str], timeout: int =
     nb.cells.insert(index + 1, nbformat.v4.new_code_cell(overrides, metadata={"tags": ["injected-parameters"]}))
     out = tempfile.NamedTemporaryFile(prefix="mpinb-nb-results-", suffix=".pkl", delete=False)
     out.close()
-    dump = f"import pickle as _p\nwith open({out.name!r}, 'wb') as _f:\n    _p.dump({{k: globals()[k] for k in {results!r}}}, _f)"
+    dump = (f"import pickle as _p\nwith open({out.name!r}, 'wb') as _f:\n"
+            f"    _p.dump({{k: globals()[k] for k in {results!r}}}, _f)")
     nb.cells.append(nbformat.v4.new_code_cell(dump))
 
     marker = uuid.uuid4().hex
     ipython_dir = tempfile.mkdtemp(prefix="mpinb-nb-ipython-")
     env = dict(os.environ, IPYTHONDIR=ipython_dir, IPP_NONINTERACTIVE="1", MPINB_NOTEBOOK_RUN=marker, MPLBACKEND="module://matplotlib_inline.backend_inline")
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
     try:
         client.execute(env=env)
     finally:

@@ -18,8 +18,14 @@ from support import (
 NODES = 3
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "loses_a_node: the test leaves a Slurm node lost; it runs after the others")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     netsim.skip_tier_unless(items, Path(__file__).parent, "slurm", slurmsim.unavailable_reason)
+    # A lost node stays lost (bringing its slurmd back costs ~8 s): the tests that lose one run last.
+    items.sort(key=lambda item: item.get_closest_marker("loses_a_node") is not None)
 
 
 @pytest.fixture(scope="session")

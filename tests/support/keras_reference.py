@@ -45,7 +45,7 @@ def fresh(key: str, build, weights: Sequence[np.ndarray]):
         model.optimizer.build(model.trainable_variables)
         _REUSED[key] = (model, [np.array(v.numpy(), copy=True) for v in model.optimizer.variables])
     model, initial = _REUSED[key]
-    for variable, value in zip(model.optimizer.variables, initial):
+    for variable, value in zip(model.optimizer.variables, initial, strict=True):
         variable.assign(value)
     model.set_weights(weights)
     model.stop_training = False
@@ -124,20 +124,20 @@ def sharded_reference(model, X, y, per_rank: int, epochs: int, size: int, *,
             grads, after = None, []
             for r in range(size):
                 rows = slice((k * size + r) * per_rank, (k * size + r + 1) * per_rank)
-                for v, s in zip(moving, start):
+                for v, s in zip(moving, start, strict=True):
                     v.assign(s)
-                for v, s in zip(counters, states[r]):
+                for v, s in zip(counters, states[r], strict=True):
                     v.assign(s)
                 loss, g = forward_backward(tf.constant(X[rows]), tf.constant(y[rows]))
-                grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+                grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
                 after.append([v.numpy() for v in moving])
                 states[r] = [v.numpy() for v in counters]
                 total += float(loss)
             for i, v in enumerate(moving):
                 v.assign(np.mean([a[i] for a in after], axis=0))
-            model.optimizer.apply_gradients(zip([g / size for g in grads], model.trainable_variables))
+            model.optimizer.apply_gradients(zip([g / size for g in grads], model.trainable_variables, strict=True))
         losses.append(total / (steps * size))
-    for v, s in zip(counters, states[0]):
+    for v, s in zip(counters, states[0], strict=True):
         v.assign(s)
     return losses
 
@@ -188,18 +188,19 @@ def proportional_reference(model, X, y, batches: Sequence[Sequence[np.ndarray]],
             for r, idx in enumerate(step):
                 if len(idx) == 0:
                     continue
-                for v, s in zip(moving, held[r]):
+                for v, s in zip(moving, held[r], strict=True):
                     v.assign(s)
                 loss, g = forward_backward(tf.constant(X[idx]), tf.constant(y[idx]))
                 share = len(idx) / global_batch
-                grads = [a * share for a in g] if grads is None else [a + b * share for a, b in zip(grads, g)]
+                grads = ([a * share for a in g] if grads is None
+                         else [a + b * share for a, b in zip(grads, g, strict=True)])
                 held[r] = [v.numpy() for v in moving]
                 total += float(loss) * len(idx)
-            model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            model.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         merged = [np.sum([held[r][i] * rows[r] for r in range(size)], axis=0) / rows.sum() for i in range(len(moving))]
         held = [list(merged) for _ in range(size)]
         losses.append(total / rows.sum())
-    for v, s in zip(moving, held[0]):
+    for v, s in zip(moving, held[0], strict=True):
         v.assign(s)
     return losses
 

@@ -13,8 +13,9 @@ a pipe from this process; when it closes (at :meth:`SimulatedHosts.stop`, or whe
 even by SIGKILL) the holder ends every process left in its namespace and exits, and the kernel
 removes the namespace and its links. The uplink, the only piece in the root namespace, is
 named with a per-run prefix (``mnbt`` + 6 hex digits), so a leftover can never collide with another
-run, and the host map travels in an environment variable, not a file. :meth:`SimulatedHosts.stop` also ends any process still inside the namespaces, and
-:meth:`SimulatedHosts.leftovers` says what, if anything, is still there.
+run, and the host map travels in an environment variable, not a file. :meth:`SimulatedHosts.stop`
+also ends any process still inside the namespaces, and :meth:`SimulatedHosts.leftovers` says what,
+if anything, is still there.
 """
 
 from __future__ import annotations
@@ -237,7 +238,8 @@ class SimulatedHosts:
         ]
 
     def mpiexec(
-        self, slots: dict[str, int], argv: list[str], *, env: dict[str, str], timeout: float, hostfile: str | os.PathLike
+        self, slots: dict[str, int], argv: list[str], *, env: dict[str, str], timeout: float,
+        hostfile: str | os.PathLike,
     ) -> subprocess.CompletedProcess[str]:
         """``mpiexec -n <sum of slots>`` over the named hosts, output captured, under a hard timeout
         (exit 124, after the whole process group is killed, when it runs out)."""

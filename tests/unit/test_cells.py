@@ -24,7 +24,8 @@ def test_describe_error_is_one_line_without_terminal_colours() -> None:
     keras_like = ValueError("Exception encountered.\n\n\x1b[1mInput 0 is incompatible\x1b[0m\n")
     assert describe_error(keras_like) == "raised ValueError: Exception encountered. Input 0 is incompatible"
     long = describe_error(RuntimeError("x" * 1000), limit=50)
-    assert long.startswith("raised RuntimeError: ") and long.endswith("…") and len(long) == len("raised RuntimeError: ") + 50
+    prefix = "raised RuntimeError: "
+    assert long.startswith(prefix) and long.endswith("…") and len(long) == len(prefix) + 50
     assert describe_error(KeyboardInterrupt()) == "raised KeyboardInterrupt"
 
 

@@ -1,4 +1,5 @@
-"""The core collectives' local checks: a bad op, a non-numeric array, a bad thread count, each refused before communicating."""
+"""The core collectives' local checks: a bad op, a non-numeric array, a bad thread count, each
+refused before communicating."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def test_bundled_split_matches_stratified_train_test_split(name: str) -> None:
     assert X_train.dtype == np.float64 and y_train.dtype == np.int64
     bunch = getattr(sklearn.datasets, name)()
     want = train_test_split(bunch.data, bunch.target, test_size=0.25, random_state=3, stratify=bunch.target)
-    for got, ref in zip(split, want):
+    for got, ref in zip(split, want, strict=True):
         np.testing.assert_array_equal(got, ref)
     # Stratified: each class's share of the test set is its share of the whole, within one sample.
     counts = np.bincount(bunch.target, minlength=k)
@@ -65,7 +65,7 @@ def test_bundled_split_matches_stratified_train_test_split(name: str) -> None:
 def test_bundled_shard_on_self_is_everything_and_shard_false_needs_no_mpi() -> None:
     full = data.load_iris(shard=False)
     mine = data.load_iris(comm=SELF)
-    for a, b in zip(full, mine):
+    for a, b in zip(full, mine, strict=True):
         np.testing.assert_array_equal(a, b)
     code = (
         "import sys, mpinb.data as d; d.load_wine(shard=False); d.make_blobs(100, shard=False);"
@@ -171,7 +171,8 @@ def test_make_classification_model() -> None:
     from sklearn.linear_model import LogisticRegression
 
     clean = LogisticRegression().fit(X[:20_000], y[:20_000]).score(X[20_000:], y[20_000:])
-    Xn, yn = data.make_classification(40_000, 10, 4, n_informative=3, class_sep=2.0, flip_y=1.0, random_state=2, shard=False)
+    Xn, yn = data.make_classification(40_000, 10, 4, n_informative=3, class_sep=2.0, flip_y=1.0, random_state=2,
+                                      shard=False)
     noisy = LogisticRegression().fit(Xn[:20_000], yn[:20_000]).score(Xn[20_000:], yn[20_000:])
     assert clean > 0.9 and noisy < 0.35
 
@@ -183,13 +184,17 @@ def test_make_classification_model() -> None:
         (lambda: data.make_blobs(10.0, comm=SELF), TypeError, "n_samples must be a non-negative integer; got 10.0"),
         (lambda: data.make_blobs(10, centers=0, comm=SELF), ValueError, "centers must be a positive integer; got 0"),
         (lambda: data.make_blobs(10, centers=[1.0, 2.0], comm=SELF), ValueError, r"shape \(n_clusters, n_features\)"),
-        (lambda: data.make_blobs(10, cluster_std=[1.0, 2.0], comm=SELF), ValueError, r"one per cluster \(shape \(3,\)\)"),
+        (lambda: data.make_blobs(10, cluster_std=[1.0, 2.0], comm=SELF), ValueError,
+         r"one per cluster \(shape \(3,\)\)"),
         (lambda: data.make_blobs(10, cluster_std=-1.0, comm=SELF), ValueError, "cluster_std must be a non-negative"),
         (lambda: data.make_blobs(10, center_box=(1, -1), comm=SELF), ValueError, "low <= high"),
         (lambda: data.make_blobs(10, dtype=np.int32, comm=SELF), TypeError, "floating-point dtype"),
-        (lambda: data.make_classification(10, 5, n_informative=6, comm=SELF), ValueError, r"n_informative must be <= n_features \(5\)"),
-        (lambda: data.make_classification(10, n_classes=1, comm=SELF), ValueError, "n_classes must be an integer >= 2; got 1"),
-        (lambda: data.make_classification(10, n_classes=5, n_informative=2, comm=SELF), ValueError, r"2\*\*n_informative \(4\)"),
+        (lambda: data.make_classification(10, 5, n_informative=6, comm=SELF), ValueError,
+         r"n_informative must be <= n_features \(5\)"),
+        (lambda: data.make_classification(10, n_classes=1, comm=SELF), ValueError,
+         "n_classes must be an integer >= 2; got 1"),
+        (lambda: data.make_classification(10, n_classes=5, n_informative=2, comm=SELF), ValueError,
+         r"2\*\*n_informative \(4\)"),
         (lambda: data.make_classification(10, flip_y=2, comm=SELF), ValueError, "flip_y must be between 0 and 1"),
         (lambda: data.make_classification(10, class_sep=float("nan"), comm=SELF), ValueError, "class_sep must be"),
     ],
@@ -236,9 +241,12 @@ def _write(path: Path, payload: bytes) -> Path:
         (lambda p: _write(p / "t.npy", b"hello, world"), {}, ValueError, r"t\.npy' is not a valid \.npy file"),
         (lambda p: _write(p / "e.npy", b""), {}, ValueError, "is not a valid .npy file"),
         (lambda p: np.save(p / "s.npy", np.float64(3.0)) or p / "s.npy", {}, ValueError, "holds a 0-d array"),
-        (lambda p: np.save(p / "o.npy", np.array([1, None], dtype=object)) or p / "o.npy", {}, ValueError, "holds Python objects"),
-        (lambda p: np.save(p / "v.npy", np.arange(5.0)) or p / "v.npy", {"ndim": 2}, ValueError, r"must hold a 2-D array; got shape \(5,\)"),
-        (lambda p: _write(p / "c.npy", (p / "v.npy").read_bytes()[:-8]) if np.save(p / "v.npy", np.arange(5.0)) is None else None,
+        (lambda p: np.save(p / "o.npy", np.array([1, None], dtype=object)) or p / "o.npy", {}, ValueError,
+         "holds Python objects"),
+        (lambda p: np.save(p / "v.npy", np.arange(5.0)) or p / "v.npy", {"ndim": 2}, ValueError,
+         r"must hold a 2-D array; got shape \(5,\)"),
+        (lambda p: (_write(p / "c.npy", (p / "v.npy").read_bytes()[:-8])
+                    if np.save(p / "v.npy", np.arange(5.0)) is None else None),
          {}, ValueError, "is truncated: its header promises 168 bytes but the file has 160"),
     ],
     ids=["missing", "directory", "text", "empty-file", "0-d", "objects", "ndim", "truncated"],
@@ -286,7 +294,8 @@ def simulated(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize(
     ("n", "size"), [(n, size) for n in (1, 2, 3, 4, 7, 8, 13, 100) for size in (1, 2, 3, 4, 7) if n >= size]
 )
-def test_shard_files_split_is_contiguous_balanced_and_in_rank_order(tmp_path: Path, simulated, n: int, size: int) -> None:
+def test_shard_files_split_is_contiguous_balanced_and_in_rank_order(tmp_path: Path, simulated, n: int,
+                                                                    size: int) -> None:
     files = sorted(str(p) for p in _touch(tmp_path, [f"part-{i:05d}.bin" for i in range(n)]))
     parts = [simulated(str(tmp_path / "part-*.bin"), r, size) for r in range(size)]
     assert [f for part in parts for f in part] == files
@@ -297,7 +306,8 @@ def test_shard_files_split_is_contiguous_balanced_and_in_rank_order(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("n", "size"), [(1, 2), (3, 4), (6, 7)])
-def test_shard_files_fewer_files_than_ranks_is_an_error_with_the_fix(tmp_path: Path, simulated, n: int, size: int) -> None:
+def test_shard_files_fewer_files_than_ranks_is_an_error_with_the_fix(tmp_path: Path, simulated, n: int,
+                                                                     size: int) -> None:
     files = _touch(tmp_path, [f"f{i}" for i in range(n)])
     plural = "file" if n == 1 else "files"
     for r in range(size):  # the same decision on every rank, before any file is opened
@@ -329,7 +339,8 @@ def test_shard_files_relative_pattern(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.chdir(tmp_path)
     assert data.shard_files("shards/*.npz", comm=SELF) == ["shards/0.npz", "shards/1.npz"]
     with pytest.raises(ValueError, match=rf"no files matching 'nope/\*\.npz' \(relative to '{tmp_path}'\); "
-                                         r"check the pattern, and that every rank sees the directory\. \[on the only rank\]"):
+                                         r"check the pattern, and that every rank sees the directory\. "
+                                         r"\[on the only rank\]"):
         data.shard_files("nope/*.npz", comm=SELF)
 
 
@@ -344,10 +355,12 @@ def test_shard_files_errors(tmp_path: Path) -> None:
         (b"*.rec", TypeError, "or an iterable of paths; got bytes"),
         ([a, 3], TypeError, r"str or os\.PathLike paths; item 1 is 3"),
         ([a, tmp_path / "gone"], FileNotFoundError,
-         rf"cannot read 1 of this rank's 2 files: '{tmp_path}/gone' \(No such file or directory\)\. \[on the only rank\]"),
+         rf"cannot read 1 of this rank's 2 files: '{tmp_path}/gone' \(No such file or directory\)\. "
+         r"\[on the only rank\]"),
         ([a, tmp_path / "sub"], IsADirectoryError, r"'.*/sub' \(is a directory\)"),
         ([tmp_path / f"m{i}" for i in range(5)] + [d], FileNotFoundError,
-         r"cannot read 5 of this rank's 6 files: '.*m0' \(No such file or directory\), '.*m1' .*, '.*m2' .* and 2 more\."),
+         r"cannot read 5 of this rank's 6 files: '.*m0' \(No such file or directory\), "
+         r"'.*m1' .*, '.*m2' .* and 2 more\."),
     ]
     for files, exc, match in cases:
         with pytest.raises(exc, match=match):

@@ -23,7 +23,8 @@ def test_no_deadline_unless_configured() -> None:
     assert deadline.get_collective_timeout() is None
 
 
-@pytest.mark.parametrize("raw, expect", [("2.5", 2.5), ("60", 60.0), ("", None), ("none", None), (" OFF ", None), ("inf", None)])
+@pytest.mark.parametrize("raw, expect",
+                         [("2.5", 2.5), ("60", 60.0), ("", None), ("none", None), (" OFF ", None), ("inf", None)])
 def test_environment_variable_is_read_at_call_time(raw: str, expect, monkeypatch) -> None:
     monkeypatch.setenv("MPINB_COLLECTIVE_TIMEOUT", raw)
     assert deadline.get_collective_timeout() == expect
@@ -32,7 +33,8 @@ def test_environment_variable_is_read_at_call_time(raw: str, expect, monkeypatch
 @pytest.mark.parametrize("raw", ["abc", "0", "-3", "nan"])
 def test_bad_environment_variable_says_what_is_expected(raw: str, monkeypatch) -> None:
     monkeypatch.setenv("MPINB_COLLECTIVE_TIMEOUT", raw)
-    with pytest.raises(ValueError, match=rf"MPINB_COLLECTIVE_TIMEOUT must be a positive number of seconds .*; got '{raw}'"):
+    with pytest.raises(ValueError,
+                       match=rf"MPINB_COLLECTIVE_TIMEOUT must be a positive number of seconds .*; got '{raw}'"):
         deadline.get_collective_timeout()
 
 

@@ -92,7 +92,7 @@ def test_saved_wrapper_reloads_as_the_plain_class_in_the_same_process(tmp_path, 
     loaded = keras.models.load_model(tmp_path / "m.keras")
     assert type(loaded.optimizer) is cls and not mk.is_distributed(loaded.optimizer)
     assert int(loaded.optimizer.iterations.numpy()) == 256 // 32
-    for a, b in zip(loaded.optimizer.variables, model.optimizer.variables):
+    for a, b in zip(loaded.optimizer.variables, model.optimizer.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
@@ -128,7 +128,7 @@ def test_wrapping_a_built_optimizer_keeps_its_state_and_trains_on():
         model.fit(X, y, epochs=1, batch_size=32, shuffle=False, verbose=0)
     wrapped = mk.DistributedOptimizer(b.optimizer, comm=SELF)
     assert wrapped.built
-    for mine, theirs in zip(wrapped.variables, b.optimizer.variables):
+    for mine, theirs in zip(wrapped.variables, b.optimizer.variables, strict=True):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
     # Built for the model's own variables, so training goes on from the copied moments exactly.
     a.compile(optimizer=a.optimizer, loss=LOSS, metrics=["accuracy"])
@@ -136,7 +136,7 @@ def test_wrapping_a_built_optimizer_keeps_its_state_and_trains_on():
     for model in (a, b):
         model.fit(X, y, epochs=1, batch_size=32, shuffle=False, verbose=0)
     assert int(wrapped.iterations.numpy()) == 2 * (256 // 32)
-    for wa, wb in zip(a.get_weights(), b.get_weights()):
+    for wa, wb in zip(a.get_weights(), b.get_weights(), strict=True):
         np.testing.assert_array_equal(wa, wb)
 
 
@@ -156,7 +156,7 @@ def test_one_rank_distributed_training_equals_plain_keras(monkeypatch):
     b = mlp(mk.DistributedOptimizer(keras.optimizers.Adam(0.01), comm=SELF))
     a.fit(X, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
     b.fit(X, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
-    for wa, wb in zip(a.get_weights(), b.get_weights()):
+    for wa, wb in zip(a.get_weights(), b.get_weights(), strict=True):
         np.testing.assert_array_equal(wa, wb)
     assert len(exchanges) == 0  # one rank: the hook steps aside entirely
 
@@ -218,7 +218,8 @@ def test_history_structure_and_callbacks_see_global_logs():
     assert np.array(history["compute_seconds"]).shape == (3, 1)
     assert np.array(history["comm_seconds"]).shape == (3, 1)
     assert all(c >= 0 for row in history["comm_seconds"] for c in row)
-    assert all(0 <= w <= c for ws, cs in zip(history["wait_seconds"], history["comm_seconds"]) for w, c in zip(ws, cs))
+    assert all(0 <= w <= c for ws, cs in zip(history["wait_seconds"], history["comm_seconds"], strict=True)
+               for w, c in zip(ws, cs, strict=True))
     assert history["params"]["steps_per_epoch"] == 4 and history["params"]["per_rank_batch"] == 64
     assert [s["val_loss"] for s in seen] == history["val_loss"]
     assert [s["loss"] for s in seen] == history["loss"]
@@ -236,7 +237,7 @@ def test_learning_rate_warmup_ramps_linearly():
     warm = mk.LearningRateWarmup(2, start_factor=0.25, comm=SELF)
     mk.fit(model, X, y, batch_size=64, epochs=3, callbacks=[warm, Watch()], verbose=0, comm=SELF)
     np.testing.assert_allclose(rates[0], 0.1, rtol=1e-6)
-    assert all(b > a for a, b in zip(rates[:8], rates[1:8]))
+    assert all(b > a for a, b in zip(rates[:8], rates[1:8], strict=False))
     np.testing.assert_allclose(rates[8:], 0.4, rtol=1e-6)
 
 
@@ -318,7 +319,7 @@ def test_a_scipy_sparse_matrix_trains_like_its_dense_rows():
     b.set_weights(a.get_weights())
     ha = mk.fit(a, sparse.csr_matrix(X), y, batch_size=64, epochs=2, shuffle=False, verbose=0, comm=SELF)
     hb = mk.fit(b, X, y, batch_size=64, epochs=2, shuffle=False, verbose=0, comm=SELF)
-    for wa, wb in zip(a.get_weights(), b.get_weights()):
+    for wa, wb in zip(a.get_weights(), b.get_weights(), strict=True):
         np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ha["loss"], hb["loss"], rtol=1e-5)
     assert ha["rows_used"] == [[len(X)], [len(X)]]
@@ -384,7 +385,7 @@ def test_a_refit_reuses_the_last_fits_trace_and_trains_exactly_as_a_fresh_trace(
                 vars(model).pop(_step.KEPT, None)
             mk.fit(model, X, y, batch_size=32, epochs=epochs, seed=1, verbose=0, comm=SELF)
     assert len(installs) == 1 + 2  # kept: one trace for both fits; fresh: one per fit
-    for a, b in zip(kept.get_weights(), fresh.get_weights()):
+    for a, b in zip(kept.get_weights(), fresh.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
 
     mk.fit(kept, X, y, batch_size=32, epochs=1, accumulate_steps=2, verbose=0, comm=SELF)

@@ -121,14 +121,17 @@ BAD_PARAMS = [
     ({"n_clusters": 2.5}, TypeError, r"n_clusters must be a positive integer; got 2\.5"),
     ({"init": "kmeans++"}, ValueError,
      r"init must be 'k-means\+\+', 'k-means\|\|', 'random', an array .* or a callable; got 'kmeans\+\+'"),
-    ({"init": np.zeros((2, 4))}, ValueError, r"init has shape \(2, 4\), but it must be \(n_clusters, n_features\) = \(3, 4\)"),
+    ({"init": np.zeros((2, 4))}, ValueError,
+     r"init has shape \(2, 4\), but it must be \(n_clusters, n_features\) = \(3, 4\)"),
     ({"init": np.full((3, 4), np.nan)}, ValueError, r"init contains NaN or infinity"),
     ({"n_init": 0}, ValueError, r"n_init must be 'auto' or a positive integer; got 0"),
     ({"max_iter": 0}, ValueError, r"max_iter must be a positive integer; got 0"),
     ({"tol": -1.0}, ValueError, r"tol must be a finite number >= 0; got -1\.0"),
-    ({"random_state": "seed"}, ValueError, r"random_state must be None, an int or a numpy\.random\.RandomState; got 'seed'"),
+    ({"random_state": "seed"}, ValueError,
+     r"random_state must be None, an int or a numpy\.random\.RandomState; got 'seed'"),
     ({"random_state": 2**32}, ValueError, r"^random_state must be between 0 and 2\*\*32 - 1; got 4294967296\."),
-    ({"init": [[1.0, 2.0], [3.0]]}, ValueError, r"init must be 'k-means\+\+', .* or a callable; got list \(setting an array"),
+    ({"init": [[1.0, 2.0], [3.0]]}, ValueError,
+     r"init must be 'k-means\+\+', .* or a callable; got list \(setting an array"),
     ({"n_init": "all"}, TypeError, r"n_init must be 'auto' or a positive integer; got 'all'"),
 ]
 
@@ -154,7 +157,8 @@ def test_bad_data():
         import scipy.sparse as sp
 
         KMeans(3, comm=SELF).fit(sp.csr_matrix(np.eye(4)))
-    with pytest.raises(ValueError, match=r"n_clusters must be <= the total number of samples \(150 on the only rank\); got 151"):
+    with pytest.raises(ValueError,
+                       match=r"n_clusters must be <= the total number of samples \(150 on the only rank\); got 151"):
         KMeans(151, comm=SELF).fit(load_iris().data)
 
 
@@ -170,7 +174,8 @@ def test_bad_sample_weight():
         KMeans(3, comm=SELF).fit(X, sample_weight=np.zeros(150))
     w = np.zeros(150)
     w[:2] = 1
-    with pytest.raises(ValueError, match=r"init='random' needs at least n_clusters=3 samples with positive weight; there are 2"):
+    with pytest.raises(ValueError,
+                       match=r"init='random' needs at least n_clusters=3 samples with positive weight; there are 2"):
         KMeans(3, init="random", comm=SELF).fit(X, sample_weight=w)
 
 

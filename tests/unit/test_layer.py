@@ -85,7 +85,7 @@ def test_layout_packs_one_buffer_per_dtype_in_first_appearance_order() -> None:
     packed = plan.pack(arrays)
     assert packed[0].tolist() == [0, 1, 2, 5, 5, 5, 5]
     back = plan.views(packed)
-    assert all(np.array_equal(a, b) and a.shape == b.shape for a, b in zip(arrays, back))
+    assert all(np.array_equal(a, b) and a.shape == b.shape for a, b in zip(arrays, back, strict=True))
     assert back[1].ndim == 0 and np.shares_memory(back[2], packed[0])
 
 

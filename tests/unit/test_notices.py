@@ -37,7 +37,8 @@ def spread(tag: int, origin: int, hosts: list[str],
         assert rank not in hops, f"rank {rank} received the note twice"
         hops[rank] = hop
         ctrl.rank = rank
-        out = _sent_by(ctrl, lambda: bodies.append(notices.forward(ctrl, tag, msg, rank, hosts)[1]))
+        # _sent_by calls it at once: this iteration's msg and rank are meant, and the defaults bind them.
+        out = _sent_by(ctrl, lambda msg=msg, rank=rank: bodies.append(notices.forward(ctrl, tag, msg, rank, hosts)[1]))
         sends[rank] = len(out)
         queue.extend((dest, m, hop + 1) for _, dest, m in out)
     return hops, sends, bodies

@@ -1,4 +1,5 @@
-"""The package itself: import mpinb starts no MPI and no framework; the public API is sorted, documented, and says each function's kind."""
+"""The package itself: import mpinb starts no MPI and no framework; the public API is sorted,
+documented, and says each function's kind."""
 
 from __future__ import annotations
 

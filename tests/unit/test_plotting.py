@@ -43,7 +43,7 @@ def _lines(ax) -> dict[str, object]:
 def _blobs(n_per: list[int], d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     means = rng.normal(scale=8.0, size=(len(n_per), d))
-    X = np.concatenate([m + rng.normal(size=(n, d)) for m, n in zip(means, n_per)])
+    X = np.concatenate([m + rng.normal(size=(n, d)) for m, n in zip(means, n_per, strict=True)])
     labels = np.repeat(np.arange(len(n_per)), n_per)
     centers = np.stack([X[labels == c].mean(axis=0) for c in range(len(n_per))])
     return X, labels, centers
@@ -283,7 +283,7 @@ def test_plot_clusters_subsamples_deterministically_keeping_every_cluster() -> N
     again = plot_clusters(X, labels, centers, max_points=300, random_state=7)
     other = plot_clusters(X, labels, centers, max_points=300, random_state=8)
     same = [
-        np.array_equal(a.get_offsets(), b.get_offsets()) for a, b in zip(ax.collections, again.collections)
+        np.array_equal(a.get_offsets(), b.get_offsets()) for a, b in zip(ax.collections, again.collections, strict=True)
     ]
     assert all(same)
     assert not np.array_equal(ax.collections[0].get_offsets(), other.collections[0].get_offsets())

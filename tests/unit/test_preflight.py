@@ -98,7 +98,8 @@ def test_srun_without_pmi_is_diagnosed_as_singletons(tmp_path):
 def test_srun_with_pmi(tmp_path):
     script(tmp_path, "srun", """
 case "$1" in
-  --mpi=list) printf 'MPI plugin types are...\\n\\tnone\\n\\tpmi2\\n\\tpmix\\nspecific pmix plugin versions available: pmix_v4\\n' ;;
+  --mpi=list) printf 'MPI plugin types are...\\n\\tnone\\n\\tpmi2\\n\\tpmix\\n'
+              printf 'specific pmix plugin versions available: pmix_v4\\n' ;;
   *) echo "Hello, World! I am process 1 of 2 on node2."; echo "Hello, World! I am process 0 of 2 on node1." ;;
 esac
 """)
@@ -143,11 +144,13 @@ case "$host" in
 esac
 """)
     t0 = time.monotonic()
-    found = preflight.check_hosts(["node1", "node2", "node3"], launcher=str(launcher), controller_ip="127.0.0.1", timeout=3)
+    found = preflight.check_hosts(["node1", "node2", "node3"], launcher=str(launcher), controller_ip="127.0.0.1",
+                                  timeout=3)
     assert time.monotonic() - t0 < 10
     by_host = {f.subject: f for f in found}
     assert by_host["node1"].ok, by_host["node1"]
-    assert "reaches 127.0.0.1" in by_host["node1"].detail and f"python {sys.version.split()[0]}" in by_host["node1"].detail
+    node1 = by_host["node1"].detail
+    assert "reaches 127.0.0.1" in node1 and f"python {sys.version.split()[0]}" in node1
     assert not by_host["node2"].ok
     assert by_host["node2"].detail == ("not reachable with fake-ssh (exit 255): "
                                        "ssh: connect to host node2 port 22: Connection refused")

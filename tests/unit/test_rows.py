@@ -57,7 +57,7 @@ def test_owners_of_points_on_cumulative_totals(side: str) -> None:
     eligible = totals > 0
     got = owners(ends, points, eligible, side)
     # The first eligible rank whose end is past the point (>= for "left"); past the end, the last.
-    for p, r in zip(points, got):
+    for p, r in zip(points, got, strict=True):
         past = [q for q in np.flatnonzero(eligible) if (ends[q] >= p if side == "left" else ends[q] > p)]
         assert r == (past[0] if past else 3), (p, r)
     # Ranks with rows but no weight are eligible when the caller says so (k-means++'s draws).

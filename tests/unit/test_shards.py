@@ -12,7 +12,7 @@ import mpinb
 def test_shard_bounds_partition_balanced_contiguous(n: int, size: int) -> None:
     bounds = [mpinb.shard_bounds(n, rank=r, size=size) for r in range(size)]
     assert bounds[0][0] == 0 and bounds[-1][1] == n
-    for (_, stop), (start, _) in zip(bounds, bounds[1:]):
+    for (_, stop), (start, _) in zip(bounds, bounds[1:], strict=False):
         assert stop == start
     lengths = [hi - lo for lo, hi in bounds]
     assert max(lengths) - min(lengths) <= 1

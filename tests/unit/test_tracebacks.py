@@ -31,7 +31,8 @@ def test_sixteen_identical_errors_show_once_with_their_ranks():
 def test_different_errors_stay_separate():
     _ipp.group_composite_errors()
     _tracebacks.remember_ranks([0, 1, 2, 3])
-    err = composite([(0, "ValueError", "bad"), (1, "ValueError", "bad"), (2, "KeyError", "'x'"), (3, "ValueError", "bad")])
+    err = composite([(0, "ValueError", "bad"), (1, "ValueError", "bad"), (2, "KeyError", "'x'"),
+                     (3, "ValueError", "bad")])
     lines = err._render_traceback_()
     headers = [line for line in lines if " on rank" in line]
     assert headers == ["ValueError on ranks 0-1, 3 (3 of 4 errors, the same):", "KeyError on rank 2:"]

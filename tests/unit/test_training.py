@@ -29,17 +29,20 @@ def test_the_core_imports_no_framework():
 def test_epoch_batches_are_disjoint_reproducible_and_reshuffled():
     a = epoch_batches(103, per_rank_batch=10, steps=10, epoch=0, seed=7, rank=1, shuffle=True)
     assert a.shape == (10, 10) and len(np.unique(a)) == 100 and a.max() < 103
-    np.testing.assert_array_equal(a, epoch_batches(103, per_rank_batch=10, steps=10, epoch=0, seed=7, rank=1, shuffle=True))
+    np.testing.assert_array_equal(a, epoch_batches(103, per_rank_batch=10, steps=10, epoch=0, seed=7, rank=1,
+                                                   shuffle=True))
     assert not np.array_equal(a, epoch_batches(103, per_rank_batch=10, steps=10, epoch=1, seed=7, rank=1, shuffle=True))
     assert not np.array_equal(a, epoch_batches(103, per_rank_batch=10, steps=10, epoch=0, seed=7, rank=2, shuffle=True))
     np.testing.assert_array_equal(
-        epoch_batches(25, per_rank_batch=4, steps=3, epoch=5, seed=0, rank=0, shuffle=False), np.arange(12).reshape(3, 4)
+        epoch_batches(25, per_rank_batch=4, steps=3, epoch=5, seed=0, rank=0, shuffle=False),
+        np.arange(12).reshape(3, 4),
     )
     assert steps_per_epoch([450, 449, 449, 449], 8) == 56
     assert steps_per_epoch([100, 7], 8) == 0
 
 
-@pytest.mark.parametrize(("requested", "steps", "expected"), [(1, 28, 1), (4, 28, 4), (8, 28, 7), (8, 13, 1), (50, 28, 28), (6, 2, 2)])
+@pytest.mark.parametrize(("requested", "steps", "expected"),
+                         [(1, 28, 1), (4, 28, 4), (8, 28, 7), (8, 13, 1), (50, 28, 28), (6, 2, 2)])
 def test_steps_per_execution_divides_the_epoch(requested, steps, expected):
     assert steps_per_execution(requested, steps) == expected
 
@@ -56,7 +59,8 @@ def test_packer_reuses_idle_buffers_and_never_overwrites_live_views(monkeypatch,
     assert all(v.ctypes.data % 64 == 0 for v in views)  # TensorFlow wraps aligned arrays without a copy
     np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))
     np.testing.assert_array_equal(views[2], np.arange(4.0) / 2)
-    assert sum(b.size for b in first) == packer.plan.lengths[0] + packer.plan.lengths[1]  # no room for votes: they ride in the arrival
+    # No room for votes: they ride in the arrival.
+    assert sum(b.size for b in first) == packer.plan.lengths[0] + packer.plan.lengths[1]
     second, _, _ = packer.fill(grads, 0.25)  # `views` still alive: a new set of buffers
     assert second[0].ctypes.data != first[0].ctypes.data
     np.testing.assert_array_equal(views[0], np.full((3, 5), 0.5))

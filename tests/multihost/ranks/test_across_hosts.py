@@ -98,7 +98,8 @@ def test_keras_fit_matches_one_host():
     # One process on one host: at step s it sees every rank's s-th batch, in rank order.
     bounds = [mpinb.shard_bounds(n, rank=r, size=SIZE) for r in range(SIZE)]
     steps = min((hi - lo) // per_rank for lo, hi in bounds)
-    order = np.concatenate([np.arange(lo + s * per_rank, lo + (s + 1) * per_rank) for s in range(steps) for lo, _ in bounds])
+    order = np.concatenate([np.arange(lo + s * per_rank, lo + (s + 1) * per_rank)
+                            for s in range(steps) for lo, _ in bounds])
     ref = reference.fit(X_all[order], y_all[order], batch_size=per_rank * SIZE, epochs=epochs, shuffle=False, verbose=0)
 
     mine = np.concatenate([w.ravel() for w in model.get_weights()])
