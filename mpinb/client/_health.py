@@ -13,7 +13,7 @@ from mpinb._engine import rank as _rank_here
 from mpinb._words import ranks as _ranks
 from mpinb.client._ipp import ENGINE_EXIT, NANNY_SAW_EXIT, engine_deaths
 
-__all__ = ["Health", "ask_every_engine", "deaths"]
+__all__ = ["Health", "ask_every_engine", "deaths", "registered"]
 
 _DEATH_REPORT_WAIT = 1.0  # seconds mpiexec's report (with the signal) may follow the nannies'
 
@@ -49,6 +49,15 @@ class Health:
             parts.append(f"{_ranks(self.silent)} did not answer within {self.seconds:.1f} s (busy in a cell, "
                          "or blocked outside mpinb)")
         return "; ".join(parts) + "; MPICluster.restart() starts a fresh set of engines."
+
+
+def registered(client: Any, ids_by_rank: list[int]) -> list[int]:
+    """The ranks whose engines the controller still lists (a dead engine's nanny unregisters it)."""
+    try:
+        alive = set(client.ids)
+    except Exception:  # noqa: BLE001 - a closed client: none
+        return []
+    return [rank for rank, eid in enumerate(ids_by_rank) if eid in alive]
 
 
 def ask_every_engine(client: Any, ids_by_rank: list[int], timeout: float) -> Health:

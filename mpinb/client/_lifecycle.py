@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -208,6 +209,7 @@ def wait_for_new_engines(mc: ClusterHandle, old: set[Any], timeout: float | None
     """Ids of ``mc.n`` engines that were not registered before (``old``: their (id, uuid) pairs)."""
     limit = mc.timeout if timeout is None else timeout
     deadline = time.monotonic() + limit
+    said_queued = False
     while True:
         # After a restart the hub may still list dead engines, or hand their ids to the new
         # ones: an engine is new when its (id, uuid) was not registered before.
@@ -217,7 +219,17 @@ def wait_for_new_engines(mc: ClusterHandle, old: set[Any], timeout: float | None
         slurm = mc._path.slurm
         if slurm is not None and (why := slurm.failure(list(mc.cluster.engines.values()))):
             raise RuntimeError(why)
+        queued = slurm.queued() if slurm is not None else None
+        if queued and not said_queued:
+            said_queued = True  # once: Slurm may keep a job queued for hours, and the wait is bounded
+            print(f"mpinb: Slurm job {slurm.job} is queued: {queued}; waiting up to {limit:.0f} s for it to start.",
+                  file=sys.stderr, flush=True)
         if time.monotonic() > deadline:
+            if queued:
+                raise TimeoutError(
+                    f"Slurm job {slurm.job} was still queued after {limit:.0f} s: {queued}; it is cancelled. "
+                    "MPICluster(..., timeout=...) or restart(timeout=...) waits longer; `sinfo` shows the nodes."
+                )
             raise TimeoutError(
                 f"only {len(new)} of {mc.n} MPI engines registered within {limit:.0f} s; "
                 "check `mpinb info` and the engines' log in the profile directory."

@@ -174,10 +174,19 @@ class MPICluster:
         """Which ranks died, and how, as MPI's launcher reported it (``None`` when it did not). Client.
 
         ``"rank 1 (engine 1, pid 4242) died (SIGKILL); MPI ended the other ranks with it: cluster.restart()
-        starts a fresh set of engines."`` A ``%%px`` cell whose engines died says the same.
+        starts a fresh set of engines."`` A ``%%px`` cell whose engines died says the same. With
+        ``launcher="slurm"``, a node whose slurmd no longer answers comes first: ``"ranks 2-3 (node2)
+        were lost with their node: its slurmd does not answer (Slurm says allocated); ranks 0-1 are
+        alive; ..."``, with srun's word on the ranks that ended after.
         """
         if self.cluster is None:
             return None
+        slurm = self._path.slurm
+        if slurm is not None and self._engine_hosts:  # a lost node reports nothing itself: ask Slurm's nodes
+            lost = slurm.node_loss(self._engine_hosts, _health.registered(self.client, self._ids_by_rank),
+                                   list(self.cluster.engines.values()))
+            if lost is not None:
+                return lost
         return _health.deaths(self.cluster, self._ids_by_rank, self._engine_pids)
 
     def on_start(self, code: str) -> None:

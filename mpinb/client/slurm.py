@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
 import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -29,6 +31,7 @@ PMI_PREFERENCE = ("pmi2", "pmix")
 _PROBE_TIMEOUT = 30.0  # seconds for one Slurm command that should answer at once
 _GONE_TIMEOUT = 15.0  # seconds stop() waits for Slurm to report the job or step ended
 _LOOK_EVERY = 2.0  # seconds between looks at whether a starting job has ended
+_SLURMD_PORT = 6818  # Slurm's default, when `scontrol show config` does not say
 
 
 def in_allocation(env: Mapping[str, str] | None = None) -> bool:
@@ -112,6 +115,8 @@ class SlurmEngines:
         self.job_name = f"mpinb-{os.getpid()}-{secrets.token_hex(4)}"
         self._next_look = 0.0
         self._script_dir = ""
+        self._port = 0  # slurmd's port, from `scontrol show config` when first needed
+        self._state = ("", "", "")  # the batch job's state, reason and nodes at the last look
 
     # -- what MPICluster hands to ipyparallel ------------------------------------------------------
     def settings(self) -> tuple[str, dict[str, Any]]:
@@ -203,6 +208,12 @@ class SlurmEngines:
             return  # slurmctld unreachable: ipyparallel's own scancel follows, and the watchdog's
         deadline = time.monotonic() + _GONE_TIMEOUT
         while time.monotonic() < deadline and self._running():
+            if self._state[0] == "COMPLETING" and (lost := self._lost_among(self._state[2])):
+                # Its nodes that answer are free again; slurmctld completes the job only when it
+                # declares the lost ones down (SlurmdTimeout), which no user command can hasten.
+                print(f"mpinb: Slurm job {self.job} is cancelled; Slurm lists it COMPLETING until it declares "
+                      f"{', '.join(lost)} down (its slurmd does not answer).", file=sys.stderr, flush=True)
+                return
             time.sleep(0.2)
 
     def signal(self, signum: int) -> None:
@@ -233,6 +244,37 @@ class SlurmEngines:
         return (f"the engines' {what} ended before they registered (--mpi={self.pmi}; `srun --mpi=list` shows "
                 f"what this Slurm offers, launcher_args=['--mpi=NAME'] picks one): {output or 'no output'}")
 
+    def node_loss(self, hosts: Sequence[str], registered: Sequence[int], launchers: Sequence[Any]) -> str | None:
+        """Which ranks a lost node took, which ended after, which live (see :mod:`._slurm_faults`); None
+        when every node of the engines answers. ``hosts``: each rank's node; ``registered``: ranks whose
+        engines the controller lists."""
+        from mpinb.client import _slurm_faults as faults
+
+        nodes = list(dict.fromkeys(hosts))
+        try:
+            port = self._slurmd_port()
+            listing = self._run([self._command("sinfo"), "-h", "-N", "-n", ",".join(nodes), "-o", "%N %o %t"]).stdout
+        except (RuntimeError, OSError, ValueError):
+            return None  # slurmctld does not answer: nothing Slurm says can be added
+        lost = {}
+        for line in listing.splitlines():
+            name, address, state = (line.split() + ["", "", ""])[:3]
+            if name in nodes and not faults.slurmd_answers(address or name, port):
+                lost[name] = _STATE_WORDS.get(state.rstrip("*~#!%$@^-"), state) + (
+                    ", not responding" if state.endswith("*") else "")
+        text = " ".join(_output_of(launcher) for launcher in launchers)
+        found = faults.NodeLoss(lost=lost, exits=faults.parse_srun_exits(text), registered=list(registered))
+        return faults.describe_node_loss(found, hosts, self.job)
+
+    def queued(self) -> str | None:
+        """``"PENDING (Resources)"`` while the engines' batch job waited in Slurm's queue at the last look
+        (:meth:`failure` looks every few seconds), else None."""
+        state, reason, _ = self._state
+        # "None" is a job the scheduler has not looked at yet: just submitted, not yet queued for a reason.
+        if state != "PENDING" or self.inside or reason in ("", "None"):
+            return None
+        return f"{state} ({reason})"
+
     def describe(self) -> str:
         """For ``repr(cluster)``: how the engines were started."""
         where = f"step {self.target}" if self.inside else f"job {self.job or '?'}"
@@ -260,9 +302,16 @@ class SlurmEngines:
         out = self._run(argv).stdout
         return list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
 
+    def _slurmd_port(self) -> int:
+        if not self._port:
+            config = self._run([self._command("scontrol"), "show", "config"]).stdout
+            found = re.search(r"^SlurmdPort\s*=\s*(\d+)", config, re.MULTILINE)
+            self._port = int(found[1]) if found else _SLURMD_PORT
+        return self._port
+
     def _running(self) -> bool:
         # Steps have no state column: a step squeue lists is still running.
-        fields = ["-s", "-o", "%i"] if self.inside else ["-o", "%i %T"]
+        fields = ["-s", "-o", "%i"] if self.inside else ["-o", "%i|%T|%N|%r"]
         argv = [self._command("squeue"), "-h", "-j", self.job, *fields]
         try:
             out = self._run(argv).stdout
@@ -270,7 +319,24 @@ class SlurmEngines:
             return False
         if self.inside:
             return any(line.split()[0] == self.target for line in out.splitlines() if line.strip())
-        return any(line.split()[1] in _NOT_ENDED for line in out.splitlines() if len(line.split()) > 1)
+        rows = [line.strip().split("|") for line in out.splitlines() if line.count("|") == 3]
+        self._state = (rows[0][1], rows[0][3], rows[0][2]) if rows else ("", "", "")
+        return bool(rows) and rows[0][1] in _NOT_ENDED
+
+    def _lost_among(self, nodelist: str) -> list[str]:
+        """The nodes of ``nodelist`` (Slurm's compressed form) whose slurmd does not answer."""
+        from mpinb.client._slurm_faults import slurmd_answers
+
+        if not nodelist:
+            return []
+        try:
+            names = self._run([self._command("scontrol"), "show", "hostnames", nodelist]).stdout.split()
+            port = self._slurmd_port()
+            listing = self._run([self._command("sinfo"), "-h", "-N", "-n", nodelist, "-o", "%N %o"]).stdout
+        except (RuntimeError, OSError):
+            return []
+        addresses = dict(line.split()[:2] for line in listing.splitlines() if len(line.split()) >= 2)
+        return [name for name in names if not slurmd_answers(addresses.get(name, name), port)]
 
     def _run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         try:
@@ -311,3 +377,7 @@ def _slurm_ids() -> dict[str, str]:
 # squeue's states of a job that still holds (or waits for) nodes.
 _NOT_ENDED = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED",
               "SIGNALING", "STAGE_OUT"}
+
+# sinfo's short node states, in words.
+_STATE_WORDS = {"alloc": "allocated", "mix": "mixed", "idle": "idle", "down": "down", "drain": "drained",
+                "drng": "draining", "comp": "completing", "fail": "failed", "maint": "maintenance"}

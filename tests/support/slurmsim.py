@@ -54,6 +54,9 @@ JobCompType=jobcomp/none
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/builtin
+# Every pending job looked at each 2 s (Slurm: 60 s): a job queued behind a lost node starts as soon
+# as the nodes that answer are free, as the node-loss test expects, not a minute later.
+SchedulerParameters=sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
@@ -166,6 +169,25 @@ class SlurmCluster:
         """``JOBID STATE NAME`` of every job not yet finished."""
         out = self.run(["squeue", "-h", "-t", "PD,R,CG,S,CF", "-o", "%i %T %j"]).stdout
         return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def lose_node(self, name: str) -> None:
+        """What a crashed node looks like to everyone else: its slurmd, slurmstepd and tasks SIGKILLed
+        at once (every process in the host's namespaces but their holder), nothing said to anyone."""
+        host = self.sim.hosts_by_name[name]
+        uts = os.readlink(f"/proc/{host.pid}/ns/uts")
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == host.pid:
+                continue
+            try:
+                if os.readlink(entry / "ns" / "uts") == uts:
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                continue  # ended meanwhile
+        for proc in list(self._daemons):
+            if proc.args[-4:-2] == ["-N", name]:
+                proc.wait(timeout=10)
+                self._daemons.remove(proc)
+                DAEMON_PIDS.discard(proc.pid)
 
     def log(self, name: str = "slurmctld") -> str:
         path = Path(self.folder) / "log" / f"{name}.log"

@@ -6,7 +6,8 @@ import pytest
 
 from mpinb.client.slurm import choose_pmi, in_allocation, parse_mpi_list, reaching_address
 
-LISTING = "MPI plugin types are...\n\tpmix\n\tnone\n\tcray_shasta\n\tpmi2\nspecific pmix plugin versions available: pmix_v4\n"
+LISTING = ("MPI plugin types are...\n\tpmix\n\tnone\n\tcray_shasta\n\tpmi2\n"
+           "specific pmix plugin versions available: pmix_v4\n")
 
 
 def test_parse_mpi_list_keeps_plugin_names_only():
@@ -41,3 +42,64 @@ def test_mpicluster_checks_its_launcher():
         mpinb.MPICluster(2, launcher_args=["-p", "debug"], start=False)
     with pytest.raises(ValueError, match=r"mpi_args are mpiexec's; with launcher='slurm' pass srun/sbatch arguments"):
         mpinb.MPICluster(2, launcher="slurm", mpi_args=["-f", "hosts"], start=False)
+
+
+# -- after a fault: a lost node, srun's word on the other ranks, a job still queued ------------------
+
+SRUN_SAYS = ("2026-12-06 04:29:38.557 [KernelNanny.0] Notifying Hub that our parent has shut down\n"
+             "srun: error: host1: tasks 0-1: Segmentation fault\n"
+             "srun: error: host3: task 5: Exited with exit code 3\n")
+
+
+def test_srun_task_lists_and_exits_are_read_as_ranks():
+    from mpinb.client._slurm_faults import TaskExit, parse_srun_exits, tasks
+
+    assert tasks("0-2,5") == [0, 1, 2, 5] and tasks("7") == [7]
+    assert parse_srun_exits(SRUN_SAYS) == [TaskExit("host1", (0, 1), "Segmentation fault"),
+                                           TaskExit("host3", (5,), "Exited with exit code 3")]
+    assert parse_srun_exits("srun: Job step aborted\n") == []
+
+
+def test_a_lost_node_comes_first_then_what_ended_after_then_who_lives():
+    from mpinb.client._slurm_faults import NodeLoss, describe_node_loss, parse_srun_exits
+
+    hosts = ["host1", "host1", "host2", "host2", "host3", "host3"]
+    found = NodeLoss(lost={"host2": "allocated"}, exits=parse_srun_exits(SRUN_SAYS), registered=[2, 3, 4, 5])
+    text = describe_node_loss(found, hosts, "77")
+    assert text.startswith("ranks 2-3 (host2) were lost with their node: its slurmd does not answer "
+                           "(Slurm says allocated); then ranks 0-1 (host1) ended (Segmentation fault)")
+    assert "then rank 5 (host3) ended (Exited with exit code 3)" in text
+    assert "rank 4 is alive; Slurm job 77: cluster.restart()" in text
+    # Nothing lost: the launcher's own report (deaths()'s usual path) stands.
+    assert describe_node_loss(NodeLoss(lost={}, exits=[], registered=[0]), hosts, "77") is None
+    # The ranks of a lost node are never said to be alive, though the controller still lists them.
+    idle = describe_node_loss(NodeLoss(lost={"host2": ""}, exits=[], registered=list(range(6))), hosts, "")
+    assert "(Slurm has not said yet)" in idle and "ranks 0-1, 4-5 are alive;" in idle
+
+
+def test_slurmd_answers_is_a_connection_accepted_or_not():
+    import socket
+
+    from mpinb.client._slurm_faults import slurmd_answers
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert slurmd_answers("127.0.0.1", port)
+    assert not slurmd_answers("127.0.0.1", port)  # closed: refused at once
+
+
+def test_a_job_still_queued_is_reported_with_slurms_reason(capsys):
+    from types import SimpleNamespace
+
+    from mpinb.client._lifecycle import wait_for_new_engines
+
+    slurm = SimpleNamespace(job="77", failure=lambda launchers: None, queued=lambda: "PENDING (Resources)")
+    mc = SimpleNamespace(n=2, timeout=0.3, client=None, cluster=SimpleNamespace(engines={}),
+                         _path=SimpleNamespace(slurm=slurm))
+    with pytest.raises(TimeoutError, match=r"Slurm job 77 was still queued after 0 s: PENDING \(Resources\); "
+                                           r"it is cancelled\."):
+        wait_for_new_engines(mc, set())
+    said = capsys.readouterr().err
+    assert said.count("mpinb: Slurm job 77 is queued: PENDING (Resources); waiting up to 0 s") == 1
