@@ -143,7 +143,7 @@ def watch(
     ----------
     ar : ipyparallel.AsyncResult
         The running cell or ``apply_async`` result: ``_`` right after a ``%%px --noblock`` cell, the
-        name given by ``%%px --noblock --save-name=name`` (or ``%pxresult --save-name=name``), or
+        name given by ``%%px --noblock --out name`` (ipyparallel's ``-o``/``--out``), or
         what ``view.execute``, ``view.apply_async`` or ``view.map_async`` returned.
     interval : float, default 0.1
         Seconds between polls.
@@ -212,7 +212,7 @@ def watch(
 
 def _check_async_result(ar: Any) -> None:
     # Duck-typed rather than an isinstance check: every ipyparallel result (AsyncResult,
-    # AsyncMapResult, AsyncHubResult; ``--save-name`` stores the same AsyncResult) has these, and
+    # AsyncMapResult, AsyncHubResult; ``%%px --out`` stores the same AsyncResult) has these, and
     # so does any wrapper of one. ``_`` is easily something else: ``init, _ = kmeans_plusplus(...)``
     # in a later cell rebinds it, and then the first poll failed with an AttributeError on ``ready``.
     if callable(getattr(ar, "ready", None)) and callable(getattr(ar, "get", None)):
@@ -222,7 +222,7 @@ def _check_async_result(ar: Any) -> None:
     name = kind.__qualname__ if package == "builtins" else f"{package}.{kind.__qualname__}"
     raise TypeError(
         "watch() takes the AsyncResult of a `%%px --noblock` cell (`_` right after it, or "
-        f"`%%px --noblock --save-name=name` and then watch(name)); got {name}."
+        f"`%%px --noblock --out name` and then watch(name)); got {name}."
     )
 
 
