@@ -10,7 +10,7 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
                  driven through every ordering (exhaustive at 2-3 ranks, seeded walks at 4-16) with
                  faults injected, and seeded protocol bugs it must catch; ends with one line
                  ``model: N schedules, 0 violations, M of M mutants caught`` (100,000 schedules
-                 alone, 25,000 in a whole-suite run);
+                 alone, 20,000 in a whole-suite run);
 - ``mpi``        ``mpiexec -n N python -m mpi4py -m pytest tests/mpi`` for N in 1, 2, 3, 4, each under a
                  hard timeout (an exception on one rank aborts the job instead of hanging it);
 - ``cluster``    real ipyparallel clusters of MPI engines: start, connect, restart, interrupts,
@@ -21,12 +21,14 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
                  ``mpinb info --hosts``; needs root, and skips in one line without it;
 - ``slurm``      a real Slurm (munged, slurmctld, a slurmd on each of 3 simulated hosts): MPICluster
                  through sbatch and through srun inside an allocation, KMeans and Keras in a batch
-                 step against one process, owner killed, ``mpinb info --slurm``; needs root and
-                 Debian's Slurm packages, and skips in one line without them;
+                 step against one process, owner killed, a node lost mid-cell, ``mpinb info --slurm``;
+                 needs root and Debian's Slurm packages, and skips in one line without them; it runs
+                 beside the multihost tier;
 - ``notebooks``  the tutorial notebooks executed on real clusters, with assertions on their values;
 - ``browser``    a tutorial notebook run to the end in JupyterLab in headless Chromium;
 - ``docs``       ``sphinx-build -W --keep-going -n`` of ``docs/`` (no warning, every reference resolved,
-                 notebooks not executed), then the index, an API page and a tutorial opened in Chromium.
+                 notebooks not executed), then the index, an API page and a tutorial opened in Chromium;
+                 it runs beside the browser tier.
 
 Afterwards it checks that no process started by the tests is still running, and prints one closing
 line ``N passed, N failed, N skipped``. Options: ``--tier NAME`` (repeatable), ``-k EXPR``, ``--np 2,4``.
@@ -54,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 TIERS = ("unit", "model", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser", "docs")
 MPI_SIZES = (1, 2, 3, 4)
-SUITE_SCHEDULES = 25_000  # the model tier's schedules in a whole-suite run (see main)
+SUITE_SCHEDULES = 20_000  # the model tier's schedules in a whole-suite run (see main)
 # Hard limits: a hung collective ends the run instead of eating CI's budget (each test also has its
 # own PER_TEST_TIMEOUT). The 4-rank MPI tier takes about 470 s on an idle 2-core machine and the
 # cluster tier about 470 s, so 600 s left no room for a slower CI host: they get 900 s.
@@ -111,7 +113,7 @@ def main() -> int:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     extra = ["-k", args.keyword] if args.keyword else []
     if args.tier is None:
-        # The whole suite on CI's two cores has 15 minutes: the model explores a quarter of what
+        # The whole suite on CI's two cores has 15 minutes: the model explores a fifth of what
         # ``--tier model`` does alone (100,000 schedules, ~100 s here), every mutant included.
         env.setdefault("MPINB_MODEL_SCHEDULES", str(SUITE_SCHEDULES))
 
@@ -121,22 +123,24 @@ def main() -> int:
     # The unit tier and the 1-rank MPI tier each keep about one core busy: on CI's two cores they
     # run side by side (about two minutes saved), the unit tier's output printed when it ends.
     unit_beside = "unit" in tiers and "mpi" in tiers and 1 in sizes
-    # The slurm tier mostly waits (Slurm schedules its jobs; about 70 % of two cores idle) and the
-    # multihost tier keeps about one core busy: the slurm tier runs beside it (each builds its own
-    # simulated hosts, on a free subnet of its own).
-    slurm_beside = "slurm" in tiers and "multihost" in tiers
-    slurm: Beside | None = None
+    # Tiers that run beside another, each keeping less than a core busy while the other runs: the
+    # slurm tier mostly waits (Slurm schedules its jobs; about 70 % of two cores idle) beside the
+    # multihost tier (each builds its own simulated hosts, on a free subnet of its own); the docs
+    # tier's Sphinx build is one process, beside the browser tier's JupyterLab (each its own Chromium).
+    beside_of = {side: host for side, host in (("slurm", "multihost"), ("docs", "browser"))
+                 if side in tiers and host in tiers}
+    running: dict[str, Beside] = {}  # host tier -> its side tier, while both run
     for tier in tiers:
-        if (tier == "unit" and unit_beside) or (tier == "slurm" and slurm_beside):
+        if (tier == "unit" and unit_beside) or tier in beside_of:
             continue
-        if tier == "multihost" and slurm_beside:
-            if reason := tier_unavailable("slurm"):
-                print(f"[run.py] tier slurm: skipped, {reason}", flush=True)
-                skip = {"name": "slurm", "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
-                (reports / "slurm.json").write_text(json.dumps(skip))
+        for side in [side for side, host in beside_of.items() if host == tier]:
+            if side in ("multihost", "slurm") and (reason := tier_unavailable(side)):
+                print(f"[run.py] tier {side}: skipped, {reason}", flush=True)
+                skip = {"name": side, "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
+                (reports / f"{side}.json").write_text(json.dumps(skip))
             else:
-                slurm = Beside(lambda log: run_tier("slurm", env, extra, log))
-                print("\n[run.py] tier slurm started, beside tier multihost", flush=True)
+                running[tier] = Beside(lambda log, side=side: run_tier(side, env, extra, log))
+                print(f"\n[run.py] tier {side} started, beside tier {tier}", flush=True)
         tier_dir = ROOT / "tests" / tier
         if not any(tier_dir.glob("test_*.py")):
             print(f"[run.py] tier {tier}: no tests yet", flush=True)
@@ -165,12 +169,12 @@ def main() -> int:
             print(f"[run.py] tier {tier}: exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
             if code not in (0, 5):
                 failures.append(f"{tier} (exit {code})")
-        if slurm is not None and tier == "multihost":
-            failures += finish_beside("slurm", "multihost", slurm)
-            slurm = None
+        if tier in running:
+            side = next(side for side, host in beside_of.items() if host == tier)
+            failures += finish_beside(side, tier, running.pop(tier))
 
-    if slurm is not None:  # the multihost tier was skipped
-        failures += finish_beside("slurm", "multihost", slurm)
+    for tier, beside in running.items():  # its host tier was skipped
+        failures += finish_beside(next(side for side, host in beside_of.items() if host == tier), tier, beside)
     leftovers = processes_with_marker(run_id)
     if leftovers:
         failures.append(f"{len(leftovers)} process(es) left running by the tests")
