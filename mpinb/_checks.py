@@ -33,7 +33,8 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, unit: str = 
     ``alternative`` names what else the argument accepts ("'auto'").
     """
     bound = integer_bound(minimum)
-    message = f"{name} must be {alternative + ' or ' if alternative else ''}{bound}{' ' + unit if unit else ''}; got {value!r}."
+    either = alternative + " or " if alternative else ""
+    message = f"{name} must be {either}{bound}{' ' + unit if unit else ''}; got {value!r}."
     if not is_int(value):
         raise TypeError(message)
     if minimum is not None and value < minimum:

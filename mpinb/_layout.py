@@ -72,7 +72,8 @@ class Layout:
 
     def views(self, buffers: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Each array as a view of ``buffers``, shaped as it was (0-d arrays stay 0-d)."""
-        return [buffers[b][start:stop].reshape(shape) for (b, start, stop), shape in zip(self.slots, self.shapes, strict=True)]
+        return [buffers[b][start:stop].reshape(shape)
+                for (b, start, stop), shape in zip(self.slots, self.shapes, strict=True)]
 
 
 class BufferPool:
@@ -129,7 +130,8 @@ class _BufferSet:
             end += n * dtype.itemsize
         raw = np.zeros(end + align, np.uint8)
         offset = -raw.ctypes.data % align
-        self.buffers = [raw[offset + s : offset + s + n * d.itemsize].view(d) for s, (n, d) in zip(starts, specs, strict=True)]
+        self.buffers = [raw[offset + s : offset + s + n * d.itemsize].view(d)
+                        for s, (n, d) in zip(starts, specs, strict=True)]
         self.views = [] if views is None else views(self.buffers)
         # A caller may hold a made view itself (its count grows) or a view of one (the memory's does).
         self._made = [v for v in self.views if v is not None]

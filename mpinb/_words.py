@@ -78,7 +78,8 @@ def _describe_entries(what: str, lists: Sequence[EntryList]) -> str:
     groups: dict[tuple[str, ...], list[int]] = {}
     for rank, listed in enumerate(lists):
         groups.setdefault(listed.entries, []).append(rank)
-    first = next((i for i in range(max(map(len, groups))) if len({e[i] if i < len(e) else None for e in groups}) > 1), 0)
+    first = next((i for i in range(max(map(len, groups)))
+                  if len({e[i] if i < len(e) else None for e in groups}) > 1), 0)
 
     def entry(entries: tuple[str, ...], rank: int) -> str:
         if first >= len(entries):
@@ -89,7 +90,8 @@ def _describe_entries(what: str, lists: Sequence[EntryList]) -> str:
 
     listing = "; ".join(f"{ranks(r)}: {entry(e, r[0])}" for e, r in groups.items())
     counts = {len(e) for e in groups}
-    sizes = "" if len(counts) == 1 else " (" + "; ".join(f"{ranks(r)}: {len(e)} entries" for e, r in groups.items()) + ")"
+    per_group = "; ".join(f"{ranks(r)}: {len(e)} entries" for e, r in groups.items())
+    sizes = "" if len(counts) == 1 else f" ({per_group})"
     return (f"{what} must be the same on every rank, but differs across {len(lists)} ranks, first at entry "
             f"{first} (counting from 0){sizes}: {listing}.")
 
@@ -104,4 +106,5 @@ def clip_to_difference(texts: list[str], width: int = 80) -> dict[str, str]:
             break
         prefix += 1
     start = max(0, prefix - width // 2)
-    return {t: ("..." if start else "") + t[start : start + width] + ("..." if start + width < len(t) else "") for t in texts}
+    return {t: ("..." if start else "") + t[start : start + width] + ("..." if start + width < len(t) else "")
+            for t in texts}

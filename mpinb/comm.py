@@ -220,9 +220,9 @@ def on_root(fn: Callable[..., Any], *args: Any, comm: Any = None, timeout: Any =
     Collective. Use it for root-only side effects whose outcome every rank must know: reading a
     config file, writing a checkpoint, drawing shared random numbers. If ``fn`` raises on root,
     the same exception type and message is raised on every rank (``RuntimeError`` naming the type
-    where some rank cannot import it by name: exceptions cross as module, name and message). ``timeout`` (seconds, default
-    :func:`mpinb.get_collective_timeout`, ``None`` waits forever) bounds the whole call, ``fn``'s
-    run on root included; past it the waiting ranks raise :class:`~mpinb.CollectiveTimeout`.
+    where some rank cannot import it by name: exceptions cross as module, name and message). ``timeout``
+    (seconds, default :func:`mpinb.get_collective_timeout`, ``None`` waits forever) bounds the whole call,
+    ``fn``'s run on root included; past it the waiting ranks raise :class:`~mpinb.CollectiveTimeout`.
 
     Returns
     -------

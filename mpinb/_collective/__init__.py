@@ -148,7 +148,8 @@ def bcast(obj: Any, *, root: int = 0, comm: Any = None, name: str, timeout: Any 
         return obj if is_root else buf
 
 
-def barrier(*, comm: Any = None, name: str, timeout: Any = DEFAULT, layout: Any = None, what: str | None = None) -> float:
+def barrier(*, comm: Any = None, name: str, timeout: Any = DEFAULT, layout: Any = None,
+            what: str | None = None) -> float:
     """Wait until every rank has arrived, with the same ``layout`` (else every rank raises
     :class:`~mpinb.CollectiveMismatchError` naming ``what``); returns the seconds spent waiting."""
     with collective(comm, name, layout, timeout=timeout, what=what) as call:

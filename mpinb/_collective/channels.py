@@ -10,9 +10,9 @@
   every other rank on the control communicator (down a tree: :mod:`mpinb._collective.notices`)
   and starts a non-blocking duplicate of the user's communicator, the next generation. A rank
   waiting in the revoked generation raises :class:`CollectiveAbandoned` naming who gave up on
-  what. A rank that was elsewhere completes the abandoned arrival for the others and runs its next collective on the new generation -- unless
-  that collective *is* the abandoned one, come late: then it raises at once, so it never pairs
-  with another call. So the next cell works, and engine state survives: no restart.
+  what. A rank that was elsewhere completes the abandoned arrival for the others and runs its next collective on
+  the new generation -- unless that collective *is* the abandoned one, come late: then it raises at once, so it
+  never pairs with another call. So the next cell works, and engine state survives: no restart.
 - On an IPython engine the channel follows the cells (:mod:`mpinb._collective.cells`): each rank
   writes on its board row which cell it runs and how its last one ended, and tells the ranks on
   other hosts with a notice; a rank waiting for a rank that has left the cell stops waiting.

@@ -45,6 +45,7 @@ def saved_epoch(filepath: str) -> int | None:
         return None
     path = record_path(filepath)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{filepath} exists but its epoch record {path} does not; was it written by RootCheckpoint?")
+        raise FileNotFoundError(f"{filepath} exists but its epoch record {path} does not; "
+                                "was it written by RootCheckpoint?")
     with open(path) as fh:
         return int(json.load(fh)["epoch"])

@@ -85,7 +85,8 @@ def bcast_arrays(values: Sequence[np.ndarray], *, root: int, comm: Any) -> list[
     """
     plan = Layout([v.shape for v in values], [v.dtype for v in values])
     is_root = comm.Get_rank() == root
-    buffers = plan.pack(values) if is_root else [np.empty(n, dtype) for n, dtype in zip(plan.lengths, plan.dtypes, strict=True)]
+    buffers = (plan.pack(values) if is_root
+               else [np.empty(n, dtype) for n, dtype in zip(plan.lengths, plan.dtypes, strict=True)])
     return plan.views([bcast(buf, root=root, comm=comm) for buf in buffers])
 
 

@@ -62,7 +62,8 @@ class JointStop:
         votes ride in one operation's arrival. ``stop`` adds a stop request made just now."""
         bad = loss is not None and not math.isfinite(float(np.asarray(loss)))
         local = (int(self.flag.requested), int(self._pending > 0 or stop), int(bad))
-        interrupt, stopping, nonfinite = (v > 0 for v in _collective.vote(local, comm=self.comm, name="the training's stop vote"))
+        votes = _collective.vote(local, comm=self.comm, name="the training's stop vote")
+        interrupt, stopping, nonfinite = (v > 0 for v in votes)
         return interrupt, stopping, nonfinite
 
     def decide(self, interrupt: bool, nonfinite: bool, stop: bool, epoch: int, step: int | None) -> bool:

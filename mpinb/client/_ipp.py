@@ -139,7 +139,8 @@ def px_magics(shell: Any, view: Any, deaths: Callable[[], str | None] | None = N
             self.last_result = None
             blocking = self.view.block if block is None else block
             streaming = kwargs.get("stream_output")
-            relay = _NoticeRelay(self) if blocking and not (self.stream_output if streaming is None else streaming) else None
+            streams = self.stream_output if streaming is None else streaming
+            relay = _NoticeRelay(self) if blocking and not streams else None
             try:
                 out = super().parallel_execute(cell, block=block, **kwargs)
             except CompositeError as err:

@@ -2,9 +2,9 @@
 
 Client. ``MPICluster`` keeps what both share (the client, the view, which engine is which rank)
 and hands every step whose meaning differs to one of these: starting, stopping, restarting, what
-``with`` does, and whether the engines' set-up gives them a thread budget and quiets TensorFlow. An owned cluster ends everything
-it started, even when its owner dies (:mod:`mpinb.client._watchdog`); a joined cluster is left
-running, and only its engines are replaced on restart.
+``with`` does, and whether the engines' set-up gives them a thread budget and quiets TensorFlow. An owned
+cluster ends everything it started, even when its owner dies (:mod:`mpinb.client._watchdog`); a joined cluster
+is left running, and only its engines are replaced on restart.
 """
 
 from __future__ import annotations

@@ -75,10 +75,10 @@ class LaunchOptions:
         unknown = sorted(set(cluster_kwargs) - PASSED_TO_IPYPARALLEL)
         if unknown:
             names = ", ".join(repr(name) for name in unknown)
+            what = "an unexpected keyword argument" if len(unknown) == 1 else "unexpected keyword arguments"
             raise TypeError(
-                f"MPICluster() got {'an unexpected keyword argument' if len(unknown) == 1 else 'unexpected keyword arguments'} "
-                f"{names}; besides its own arguments it passes only these on to ipyparallel.Cluster: "
-                f"{', '.join(sorted(PASSED_TO_IPYPARALLEL))}."
+                f"MPICluster() got {what} {names}; besides its own arguments it passes only these on to "
+                f"ipyparallel.Cluster: {', '.join(sorted(PASSED_TO_IPYPARALLEL))}."
             )
         return cls(
             n=n,

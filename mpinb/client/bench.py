@@ -33,8 +33,10 @@ def scaling(ranks: Sequence[int] = (1, 2, 4), *, timeout: float = 600, **params:
     for n in ranks:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "scaling.json"
-            proc = run_mpi(n, ["-m", "mpinb.jobs.scaling", str(path), json.dumps(params)], timeout=timeout, capture=True)
+            argv = ["-m", "mpinb.jobs.scaling", str(path), json.dumps(params)]
+            proc = run_mpi(n, argv, timeout=timeout, capture=True)
             if proc.returncode != 0:
-                raise RuntimeError(f"the measurement at {n} ranks failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+                raise RuntimeError(f"the measurement at {n} ranks failed (exit {proc.returncode}):\n"
+                                   f"{proc.stdout[-3000:]}")
             results.append(json.loads(path.read_text()))
     return results

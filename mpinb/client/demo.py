@@ -82,7 +82,8 @@ def _figures(summary: dict[str, Any], plot: dict[str, Any], out: Path) -> list[P
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
     plot_loss(summary["keras"]["history"], ax=ax)
-    ax.set_title(f"sharded Keras on digits, {summary['ranks']} ranks (test acc {summary['keras']['test_accuracy']:.3f})")
+    accuracy = summary["keras"]["test_accuracy"]
+    ax.set_title(f"sharded Keras on digits, {summary['ranks']} ranks (test acc {accuracy:.3f})")
     fig.tight_layout()
     paths.append(out / "loss.png")
     fig.savefig(paths[-1], dpi=110)

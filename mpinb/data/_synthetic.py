@@ -41,8 +41,8 @@ def make_blobs(
     generates rows ``shard_bounds(n_samples, rank, size)`` of one global data set. Rows are drawn
     in fixed blocks of 1,024, each from its own stream seeded by ``(random_state, block)``, so the
     data are byte-identical whatever the number of ranks (and the first rows do not change when
-    ``n_samples`` grows), and a rank's memory is its shard plus one block. The centres are drawn from the seed alone, identically on every rank. With
-    ``shard=False`` it is local and returns all rows.
+    ``n_samples`` grows), and a rank's memory is its shard plus one block. The centres are drawn from the seed
+    alone, identically on every rank. With ``shard=False`` it is local and returns all rows.
 
     Each row picks its cluster uniformly at random (so clusters hold about ``n_samples / k`` rows
     each and the rows come shuffled) and adds ``N(0, cluster_std²)`` noise to that cluster's

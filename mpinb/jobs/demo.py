@@ -16,7 +16,8 @@ import numpy as np
 import mpinb
 
 
-def run(*, n_rows: int = 200_000, n_clusters: int = 5, epochs: int = 12, seed: int = 0, comm: Any = None) -> dict[str, Any]:
+def run(*, n_rows: int = 200_000, n_clusters: int = 5, epochs: int = 12, seed: int = 0,
+        comm: Any = None) -> dict[str, Any]:
     """Distributed k-means on synthetic blobs, then sharded Keras training on the digits.
 
     Collective. Returns a summary on every rank (plot data only on rank 0).

@@ -12,6 +12,10 @@ import mpinb
 
 
 def main() -> None:
+    """Check the collective layer on every rank: sums, a max and a rank-ordered gather of 1,000 rows.
+
+    Collective. Each rank prints its host, local rank, rows, threads and device; root prints the
+    summary as one ``RANKCHECK {json}`` line; every rank exits 1 when a check fails."""
     t0 = time.perf_counter()
     w = mpinb.world()
     threads = mpinb.limit_threads()
@@ -27,7 +31,8 @@ def main() -> None:
     (biggest,) = mpinb.allreduce([local.max(initial=-1.0)], op="max")
     rows = mpinb.gather_rows(np.full((hi - lo, 2), w.rank, dtype=np.int32), root=None)
     order_ok = bool(np.all(np.diff(rows[:, 0]) >= 0))
-    mpinb.rprint(f"host {w.host}, local rank {w.local_rank}/{w.local_size}, rows [{lo}, {hi}), {threads} thread(s), {device}")
+    mpinb.rprint(f"host {w.host}, local rank {w.local_rank}/{w.local_size}, rows [{lo}, {hi}), "
+                 f"{threads} thread(s), {device}")
     summary = {
         "ranks": w.size,
         "sum_of_0_to_999": float(total),

@@ -60,7 +60,8 @@ def measure(
 
         from mpinb.keras import fit
 
-        Xc, yc = make_classification(train_rows, n_features=64, n_classes=10, n_informative=8, random_state=0, comm=w.comm)
+        Xc, yc = make_classification(train_rows, n_features=64, n_classes=10, n_informative=8, random_state=0,
+                                     comm=w.comm)
         K.utils.set_random_seed(0)
         model = K.Sequential([K.Input((64,)), K.layers.Dense(hidden, activation="relu"),
                               K.layers.Dense(hidden, activation="relu"), K.layers.Dense(10, activation="softmax")])

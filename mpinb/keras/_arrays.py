@@ -31,7 +31,8 @@ def length(data: Any) -> int:
     """The number of rows, which every leaf must share along axis 0."""
     lengths = {leaf.shape[0] if leaf.ndim else -1 for leaf in keras.tree.flatten(as_arrays(data))}
     if len(lengths) != 1 or -1 in lengths:
-        raise ValueError(f"every input array needs the same number of rows along axis 0; got lengths {sorted(lengths)}.")
+        raise ValueError("every input array needs the same number of rows along axis 0; "
+                         f"got lengths {sorted(lengths)}.")
     return lengths.pop()
 
 

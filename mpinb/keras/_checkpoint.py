@@ -38,7 +38,8 @@ def _load(model: Any, path: str) -> int:
         v.assign(s.numpy())
     mine, theirs = model.optimizer.variables, getattr(saved.optimizer, "variables", [])
     if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
-        raise ValueError(f"The optimizer state in {path} does not match this model's optimizer ({type(model.optimizer).__name__}).")
+        raise ValueError(f"The optimizer state in {path} does not match this model's optimizer "
+                         f"({type(model.optimizer).__name__}).")
     for v, s in zip(mine, theirs, strict=True):
         v.assign(s.numpy())
     return epoch + 1

@@ -51,6 +51,7 @@ class BroadcastInitialState(keras.callbacks.Callback):
         self.comm = default_comm(comm)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        """Keras hook: every rank starts from root's weights and optimizer state. Collective."""
         self.broadcast(self.model)
 
     def broadcast(self, model: Any) -> None:
@@ -86,6 +87,7 @@ class MetricAverage(keras.callbacks.Callback):
         self.weights: list[float] | None = None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Keras hook: ``logs`` become the global means (each rank's own values kept in ``rank_logs``). Collective."""
         if logs is None:
             return
         means, self.rank_logs = gather_logs(logs, comm=self.comm, weights=self.weights)
@@ -109,6 +111,7 @@ class SyncNonTrainable(keras.callbacks.Callback):
         self.share: float | None = None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Keras hook: the non-trainable weights (BatchNormalization's moving statistics) agree again. Collective."""
         sync_non_trainable(self.model, comm=self.comm, share=self.share)
 
 
@@ -143,15 +146,18 @@ class LearningRateWarmup(keras.callbacks.Callback):
         self._epoch = 0
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        """Keras hook: remember the compiled learning rate, the warm-up's target. Local."""
         lr = self.model.optimizer.learning_rate
         if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule) or callable(lr):
             raise TypeError("LearningRateWarmup needs a constant learning rate, not a LearningRateSchedule.")
         self._target = float(np.asarray(lr))
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        """Keras hook: remember the epoch, for the warm-up's progress. Local."""
         self._epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        """Keras hook: set this step's learning rate on the linear ramp. Local (the same on every rank)."""
         steps = (self.params or {}).get("steps") or 1
         progress = (self._epoch + batch / steps) / self.warmup_epochs
         if progress > 1 or self._target is None:
@@ -160,6 +166,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
         self.model.optimizer.learning_rate = self._target * (start + (1.0 - start) * progress)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Keras hook: the target learning rate from the end of the warm-up on. Local."""
         if self._target is not None and epoch + 1 >= self.warmup_epochs:
             self.model.optimizer.learning_rate = self._target
 
@@ -187,13 +194,15 @@ class RootCheckpoint(keras.callbacks.Callback):
         super().__init__()
         filepath = os.fspath(filepath)
         if not filepath.endswith(".keras"):
-            raise ValueError(f"RootCheckpoint saves the native Keras format: filepath must end in .keras; got {filepath!r}.")
+            raise ValueError("RootCheckpoint saves the native Keras format: filepath must end in .keras; "
+                             f"got {filepath!r}.")
         check_int(every, "every", minimum=1, unit="number of epochs")
         self.filepath = filepath
         self.every = every
         self.comm = default_comm(comm)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Keras hook: root saves every ``every`` epochs and after the last one. Collective."""
         last = epoch + 1 >= (self.params or {}).get("epochs", epoch + 1)
         if (epoch + 1) % self.every and not last:
             return
@@ -243,6 +252,7 @@ class StopOnInterrupt(keras.callbacks.Callback):
         return self._joint.stopped
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        """Keras hook: start the joint stop; the gradient exchange carries its votes where there is one. Local."""
         self._joint.begin()
         # One rank has no gradient exchange to carry the votes (the optimizer skips it there).
         ex = exchange_of(self.model.optimizer)
@@ -251,13 +261,16 @@ class StopOnInterrupt(keras.callbacks.Callback):
             self._exchange.take_votes()  # votes of an earlier run are not this run's
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        """Keras hook: remember the epoch, for the report of where training stopped. Local."""
         self._epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        """Keras hook: this step's exchange carries this rank's stop votes. Local."""
         if self._exchange is not None:
             self._exchange.votes = self._joint.votes
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        """Keras hook: a stop asked for on this rank only waits until every rank agrees on it."""
         if self.model.stop_training:
             # Another callback stopped this rank only: hold it back until every rank agrees.
             self.model.stop_training = False
@@ -270,10 +283,12 @@ class StopOnInterrupt(keras.callbacks.Callback):
         self.model.stop_training = self._joint.decide(interrupt, nonfinite, stop, self._epoch, batch)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Keras hook: every rank votes on stopping, and all stop together or none. Collective."""
         interrupt, stop, nonfinite = self._joint.vote((logs or {}).get("loss"), bool(self.model.stop_training))
         self.model.stop_training = self._joint.decide(interrupt, nonfinite, stop, self._epoch, None)
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        """Keras hook: restore the SIGINT handler; raise what stopped training, if ``raise_errors``. Local."""
         self.release()
         if self.raise_errors:
             self.raise_if_stopped()

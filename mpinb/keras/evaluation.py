@@ -33,6 +33,8 @@ class Scored:
 
     @property
     def kind(self) -> str:
+        """``"arrays"`` for in-memory data, else the stream's: ``"tf.data.Dataset"``, ``"PyDataset"``
+        or ``"generator"``."""
         return "arrays" if self.stream is None else self.stream.kind
 
 

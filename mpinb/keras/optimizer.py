@@ -153,7 +153,8 @@ class _AllreduceGradients:
         # empty batch's BatchNorm makes.
         for g, s in zip(grads, sums, strict=True):
             if g is not None:
-                s.assign_add(tf.math.multiply_no_nan(tf.cast(tf.convert_to_tensor(g), s.dtype), tf.cast(weight, s.dtype)))
+                scaled = tf.math.multiply_no_nan(tf.cast(tf.convert_to_tensor(g), s.dtype), tf.cast(weight, s.dtype))
+                s.assign_add(scaled)
         count.assign_add(1)
         n = ex.accumulate
 
@@ -246,7 +247,8 @@ class TensorExchange(GradientExchange):
         if not dense:
             return grads
         inputs = dense if rows is None else [*dense, tf.cast(rows, dense[0].dtype)]
-        reduced = tf.numpy_function(self.reduce, inputs, [g.dtype for g in dense], stateful=True, name="mpinb_allreduce")
+        reduced = tf.numpy_function(self.reduce, inputs, [g.dtype for g in dense], stateful=True,
+                                    name="mpinb_allreduce")
         out_grads = list(grads)
         for i, g, r in zip(present, dense, reduced, strict=True):
             r.set_shape(g.shape)

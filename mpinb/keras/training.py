@@ -161,7 +161,8 @@ def fit(
         Gradient accumulation (strategy ``"gradients"``): each rank sums this many steps' gradients
         before one exchange and one update, which equals one step on the N times larger batch
         with N times fewer exchanges (for memory-bound batches, or slow networks); with
-        proportional shards each micro-step counts by its rows. It must divide the steps per epoch. By default what the ``DistributedOptimizer`` was made with (1).
+        proportional shards each micro-step counts by its rows. It must divide the steps per epoch. By default
+        what the ``DistributedOptimizer`` was made with (1).
     callbacks : list of keras.callbacks.Callback, optional
         They receive global epoch logs (this is also the hook for live progress plots). fit is
         plain ``model.fit`` driven by mpinb's collective callbacks (:class:`BroadcastInitialState`,
@@ -185,10 +186,10 @@ def fit(
         Identical on every rank. ``"epoch"`` (0-based), every global metric (``"loss"``,
         ``"val_loss"``, ...) as lists over epochs, ``"rank_<name>"`` for every training metric
         (``"rank_loss"``, ``"rank_accuracy"``, ...: per epoch, each rank's own value over its own
-        rows), ``"rows_used"`` (per epoch, the rows each rank trained on), ``"compute_seconds"`` and ``"comm_seconds"`` (per epoch, per rank; the
-        latter waiting included), ``"wait_seconds"`` (the part of ``comm_seconds`` spent waiting for
-        the slowest rank: load imbalance, not data transfer),
-        ``"steps"`` per epoch, and ``"params"``.
+        rows), ``"rows_used"`` (per epoch, the rows each rank trained on), ``"compute_seconds"`` and
+        ``"comm_seconds"`` (per epoch, per rank; the latter waiting included), ``"wait_seconds"`` (the part of
+        ``comm_seconds`` spent waiting for the slowest rank: load imbalance, not data transfer), ``"steps"`` per
+        epoch, and ``"params"``.
 
     Raises
     ------
@@ -245,7 +246,8 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings
     applied[BroadcastInitialState].broadcast(model)
     loop = FitLoop(
         comm=comm, strategy=s.strategy, average_every=s.average_every, validation=validation,
-        eval_batch=max(plan.per_rank or -(-(s.batch_size or 0) // comm.Get_size()), 32), epochs=s.epochs, metrics=applied[MetricAverage], exchange=exchange,
+        eval_batch=max(plan.per_rank or -(-(s.batch_size or 0) // comm.Get_size()), 32), epochs=s.epochs,
+        metrics=applied[MetricAverage], exchange=exchange,
     )
     stopper.raise_errors = False
     callbacks = _ordered_callbacks(loop, applied, user_callbacks, s.checkpoint, stopper, comm)

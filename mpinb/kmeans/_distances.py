@@ -15,7 +15,8 @@ import numpy as np
 from mpinb.kmeans._kernels import FOLD_NONE, chunk_rows, chunks, kernels
 
 __all__ = [
-    "BLOCK_ELEMENTS", "NO_WEIGHTS", "Changes", "Fold", "assign", "column_sums", "euclidean", "local_inertia", "nearest", "rows_per_block",
+    "BLOCK_ELEMENTS", "NO_WEIGHTS", "Changes", "Fold", "assign", "column_sums", "euclidean", "local_inertia",
+    "nearest", "rows_per_block",
     "sq_distances",
 ]
 
@@ -130,7 +131,8 @@ def local_inertia(X: np.ndarray, weights: np.ndarray | None, centers: np.ndarray
     k = centers.shape[0]
     w = NO_WEIGHTS if weights is None else weights
     run_on = kernels(X.shape[0] * k)
-    return float(run_on.inertia_counts(X, w, weights is not None, np.asarray(centers, dtype=np.float64), labels, np.zeros(k)))
+    centres = np.asarray(centers, dtype=np.float64)
+    return float(run_on.inertia_counts(X, w, weights is not None, centres, labels, np.zeros(k)))
 
 
 

@@ -1,13 +1,13 @@
 """The per-row passes of mpinb's k-means, in two executors with one interface. Local.
 
 Lloyd's loop (:mod:`._lloyd`) is written once against six passes -- the assignment (per chunk,
-a GEMM and the argmin over its distance block, with change tracking), full and incremental per-cluster sums, the column sums and
-the centring statistics, and the final inertia -- and :func:`kernels` hands it an executor for them.
-:mod:`._init`'s k-means++ uses one more, its distances to the candidates and the chosen centre
-(written in :mod:`._seed_pass`). :mod:`._minibatch` uses one more, the whole local work of a mini-batch (nearest centre, sums and
-inertia of the drawn rows, read in place), whose squared distances are sums of squared
-differences: no GEMM cancellation, so the executors' labels can differ only where two centres
-are equally near within the round-off of adding ``d`` squares in another order.
+a GEMM and the argmin over its distance block, with change tracking), full and incremental per-cluster sums, the
+column sums and the centring statistics, and the final inertia -- and :func:`kernels` hands it an executor for
+them. :mod:`._init`'s k-means++ uses one more, its distances to the candidates and the chosen centre (written in
+:mod:`._seed_pass`). :mod:`._minibatch` uses one more, the whole local work of a mini-batch (nearest centre,
+sums and inertia of the drawn rows, read in place), whose squared distances are sums of squared differences: no
+GEMM cancellation, so the executors' labels can differ only where two centres are equally near within the
+round-off of adding ``d`` squares in another order.
 
 - **compiled** (numba, ``cache=True`` so later processes load the machine code from disk):
   each pass reads its rows once, fused, while the chunk is in cache. It is what makes an
@@ -20,8 +20,8 @@ Which one runs is decided from the size of the work (rows x clusters), so every 
 takes the same one. Both take the GEMM from BLAS (NumPy's for the NumPy executor; SciPy's, which
 numba calls, for the compiled one) and the argmin with the same rule, lowest index on exact
 ties, so their labels can differ only where two centres are equally near within the GEMM's
-round-off; sums differ only in summation order. ``MPINB_NUMBA`` overrides the choice: ``0`` (off) always NumPy, ``1`` (on)
-always compiled; unset or ``auto`` decides by size.
+round-off; sums differ only in summation order. ``MPINB_NUMBA`` overrides the choice: ``0`` (off) always NumPy,
+``1`` (on) always compiled; unset or ``auto`` decides by size.
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ def start_from_sample(
             centers = _kmeans_parallel_on(sample, w, k, rng, data.name)
     centers = np.asarray(centers, dtype=np.float64)
     if callable(init):
-        check_same((digest(centers), digest(rng)), "what init(X_sample, n_clusters, random_state) returned and left random_state in "
+        check_same((digest(centers), digest(rng)),
+                   "what init(X_sample, n_clusters, random_state) returned and left random_state in "
                    "(it gets the same sample and generator on every rank)", comm=data.comm)
     return centers
 

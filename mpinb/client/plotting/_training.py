@@ -24,10 +24,10 @@ def plot_loss(history: Any, metric: str = "loss", *, ax: Any = None, per_rank: b
     Client. The global curves (``history[metric]`` and ``history["val_" + metric]``) are drawn in
     black, thick and on top (validation dashed), with epochs on the x axis starting at 1; each rank's
     per-epoch value (``history["rank_" + metric]``, epochs x ranks, as ``mpinb.keras.fit`` records
-    ``"rank_loss"``, ``"rank_accuracy"``, ... for every metric) is drawn as a thinner line in a colour of its own, labelled ``"rank r"`` (past
-    10 ranks the legend has one entry for all of them). A rank whose line strays from the others
-    has a data shard that differs (harder examples, a different class balance) — with gradient
-    averaging the model is the same on every rank, so only the data can make the per-rank losses
+    ``"rank_loss"``, ``"rank_accuracy"``, ... for every metric) is drawn as a thinner line in a colour of its
+    own, labelled ``"rank r"`` (past 10 ranks the legend has one entry for all of them). A rank whose line
+    strays from the others has a data shard that differs (harder examples, a different class balance) — with
+    gradient averaging the model is the same on every rank, so only the data can make the per-rank losses
     differ.
 
     Parameters
