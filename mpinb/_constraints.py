@@ -90,9 +90,10 @@ class Real(Rule):
     def take(self, value: Any) -> Any:
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
             return NOT_MINE
-        if not (value >= self.minimum and not math.isinf(value)):  # NaN fails the first test
+        number = float(value)
+        if not (number >= self.minimum and not math.isinf(number)):  # NaN fails the first test
             raise Invalid()
-        return float(value)
+        return number
 
 
 class Fraction(Rule):
@@ -104,7 +105,7 @@ class Fraction(Rule):
     def take(self, value: Any) -> Any:
         if not isinstance(value, numbers.Real) or isinstance(value, (bool, numbers.Integral)):
             return NOT_MINE
-        if not 0 < value < 1:  # NaN fails too
+        if not 0 < float(value) < 1:  # NaN fails too
             raise Invalid()
         return float(value)
 

@@ -11,7 +11,7 @@ Private; collective unless a function says local.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from mpinb.agreement import check_same
 
@@ -25,7 +25,7 @@ class RankAware:
     def __getstate__(self) -> dict[str, Any]:
         # A communicator belongs to the processes that created it; a pickled model (pulled to the
         # notebook client, say) uses COMM_WORLD if refitted.
-        state = super().__getstate__()  # type: ignore[misc]
+        state = cast(dict[str, Any], super().__getstate__())  # scikit-learn's: a copy of __dict__
         state["comm"] = None
         state.pop("_on_iteration", None)
         return state

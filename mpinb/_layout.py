@@ -89,7 +89,7 @@ class BufferPool:
     """
 
     def __init__(self, lengths: Sequence[int], dtypes: Sequence[np.dtype], *, align: int = 64, keep: int = 4,
-                 views: Callable[[list[np.ndarray]], list[np.ndarray | None]] | None = None) -> None:
+                 views: Callable[[list[np.ndarray]], Sequence[np.ndarray | None]] | None = None) -> None:
         self.specs = [(int(n), np.dtype(d)) for n, d in zip(lengths, dtypes, strict=True)]
         self.align, self.keep = max(int(align), 1), keep
         self._views = views
@@ -122,7 +122,7 @@ class _BufferSet:
     set refers to its memory and to each of those views."""
 
     def __init__(self, specs: list[tuple[int, np.dtype]], align: int,
-                 views: Callable[[list[np.ndarray]], list[np.ndarray | None]] | None) -> None:
+                 views: Callable[[list[np.ndarray]], Sequence[np.ndarray | None]] | None) -> None:
         starts, end = [], 0
         for n, dtype in specs:
             end = -(-end // align) * align

@@ -16,7 +16,7 @@ Private; collective unless a function says local.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -32,7 +32,8 @@ def spans(ends: np.ndarray, points: np.ndarray) -> np.ndarray:
     return np.searchsorted(ends, points, side="right")
 
 
-def owners(ends: np.ndarray, points: np.ndarray, eligible: np.ndarray, side: str = "right") -> np.ndarray:
+def owners(ends: np.ndarray, points: np.ndarray, eligible: np.ndarray,
+           side: Literal["left", "right"] = "right") -> np.ndarray:
     """The rank that holds each point of a cumulative per-rank total (``ends``, in rank order).
     Local.
 

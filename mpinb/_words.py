@@ -64,9 +64,9 @@ def describe_mismatch(what: str, texts: Sequence[str | EntryList]) -> str:
     """The message of a value that must agree across ranks but does not (``texts``: each rank's)."""
     if texts and all(isinstance(t, EntryList) for t in texts):
         return _describe_entries(what, texts)  # type: ignore[arg-type]
-    texts = [" ".join(t.entries) if isinstance(t, EntryList) else t for t in texts]
+    joined = [" ".join(t.entries) if isinstance(t, EntryList) else str(t) for t in texts]
     groups: dict[str, list[int]] = {}
-    for rank, text in enumerate(texts):
+    for rank, text in enumerate(joined):
         groups.setdefault(text, []).append(rank)
     shown = clip_to_difference(list(groups))
     listing = "; ".join(f"{ranks(r)}: {shown[t]}" for t, r in groups.items())

@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -174,6 +174,10 @@ def bcast(obj: Any, *, root: int = 0, comm: Any = None, timeout: Any = DEFAULT) 
     return _collective.bcast(obj, root=root, comm=comm, name="bcast", timeout=timeout)
 
 
+@overload
+def gather_rows(local: Any, *, root: None, comm: Any = ..., timeout: Any = ...) -> np.ndarray: ...
+@overload
+def gather_rows(local: Any, *, root: int = ..., comm: Any = ..., timeout: Any = ...) -> np.ndarray | None: ...
 def gather_rows(local: Any, *, root: int | None = 0, comm: Any = None, timeout: Any = DEFAULT) -> np.ndarray | None:
     """Concatenate each rank's rows in rank order; ranks may hold different numbers of rows.
 
@@ -264,7 +268,7 @@ def rprint(
             print(_prefix(text, 0, size), file=stream, flush=True)
         return
     texts = _collective.gather(text, root=0, comm=comm, name="rprint", timeout=timeout)
-    if rank == 0:
+    if texts is not None:  # on rank 0
         print("\n".join(_prefix(t, r, size) for r, t in enumerate(texts)), file=stream, flush=True)
 
 

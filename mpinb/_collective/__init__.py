@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import atexit
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -97,6 +97,7 @@ def allgather(obj: Any, *, comm: Any = None, name: str, timeout: Any = DEFAULT, 
     with collective(comm, name, timeout=timeout, votes=_with_stop((), stop)) as call:
         gathered = None if _stopped(call, stop) else call.allgather(obj)
     _stop_together(call, stop, where)
+    assert gathered is not None  # a stopped gather raised in _stop_together
     return gathered
 
 
@@ -106,6 +107,12 @@ def gather(obj: Any, *, root: int = 0, comm: Any = None, name: str, timeout: Any
         return call.gather(obj, root)
 
 
+@overload
+def gather_rows(rows: np.ndarray, *, root: None, comm: Any = ..., name: str, timeout: Any = ...,
+                what: str | None = ...) -> np.ndarray: ...
+@overload
+def gather_rows(rows: np.ndarray, *, root: int = ..., comm: Any = ..., name: str, timeout: Any = ...,
+                what: str | None = ...) -> np.ndarray | None: ...
 def gather_rows(rows: np.ndarray, *, root: int | None = 0, comm: Any = None, name: str, timeout: Any = DEFAULT,
                 what: str | None = None) -> np.ndarray | None:
     """Every rank's rows (contiguous, axis 0, any count) in rank order, on ``root`` (``None``: on
@@ -160,7 +167,7 @@ def vote(value: int | Sequence[int], *, comm: Any = None, name: str, timeout: An
     """The largest of every rank's non-negative ``value`` (or, for up to three values, of each):
     it rides in the arrival, no message of its own."""
     several = not isinstance(value, (int, np.integer))
-    values = tuple(int(v) for v in value) if several else (int(value),)
+    values = (int(value),) if isinstance(value, (int, np.integer)) else tuple(int(v) for v in value)
     with collective(comm, name, timeout=timeout, votes=values) as call:
         return call.votes[:len(values)] if several else call.votes[0]
 
@@ -231,7 +238,7 @@ def _stop_together(call: Op, stop: StopFlag | None, where: str) -> None:
     """A cooperative stop: when Ctrl-C reached any rank inside ``stop`` (a
     :class:`~mpinb.interrupt.StopFlag`), its vote rode in the arrival, no data moved, and every
     rank raises ``KeyboardInterrupt`` here, with the message ``stop.raise_interrupt(where)`` gives."""
-    if _stopped(call, stop):
+    if stop is not None and _stopped(call, stop):
         stop.raise_interrupt(where)
 
 

@@ -187,7 +187,8 @@ class Board:
                 continue  # gone, or its PID now names another process: never signal that one
             pending[rank] = (fd, pid, int(words[_MAIN_THREAD]))
         found: dict[int, str] = {}
-        if not pending or not _asking.acquire(timeout=timeout):
+        signum = _WHERE_SIGNAL
+        if not pending or signum is None or not _asking.acquire(timeout=timeout):
             return found
         asked: dict[int, float] = {}  # rank -> when it was last signalled
         give_up = time.monotonic() + timeout
@@ -210,7 +211,7 @@ class Board:
                         try:
                             if rank not in asked:
                                 os.ftruncate(fd, 0)
-                            os.kill(pid, _WHERE_SIGNAL)
+                            os.kill(pid, signum)
                         except OSError:
                             del pending[rank]
                             fcntl.flock(fd, fcntl.LOCK_UN)

@@ -121,6 +121,7 @@ class EndCheck:
         if not isinstance(node, ast.Module) or not node.body:
             return node
         call = ast.parse(self._CALL, mode="eval").body
+        assert isinstance(call, ast.Call)
         last = node.body[-1]
         if isinstance(last, ast.Expr):
             call.args = [last.value]
@@ -152,7 +153,9 @@ def _run_every_request(kernel: Any) -> None:
     still stops "Run all" at a failed ``%%px`` cell; a queue emptied on purpose
     (``client.abort()``) is untouched."""
     handlers = getattr(kernel, "shell_handlers", None)
-    execute = handlers.get("execute_request") if isinstance(handlers, dict) else None
+    if not isinstance(handlers, dict):
+        return
+    execute = handlers.get("execute_request")
     if execute is None or getattr(execute, "_mpinb_runs_every_request", False):
         return
 
@@ -179,7 +182,7 @@ def _interrupts_say_where() -> None:
         return
     if getattr(kernelbase.default_int_handler, "_mpinb_says_where", False):
         return
-    kernelbase.default_int_handler = interrupted
+    kernelbase.default_int_handler = interrupted  # type: ignore[assignment]  # raises as Python's own does
 
 
 def interrupted(signum: int, frame: Any) -> None:
@@ -278,7 +281,7 @@ def _engine_shell() -> Any:
 def _begin() -> None:
     global _current, _count
     metadata: dict[str, Any] = {}
-    kernel = getattr(_shell, "kernel", None)
+    kernel: Any = getattr(_shell, "kernel", None)
     try:
         parent = kernel.get_parent()
         metadata = parent.get("metadata") or {}

@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 import warnings
+from types import FrameType
 from typing import Any
 
 from mpi4py import MPI
@@ -157,6 +158,7 @@ class Channel:
             try:
                 poll(self, waits, deadline, spin=SPIN)
             except DeadlinePassed:
+                assert seconds is not None  # a deadline passes only when there is one
                 raise texts.setup_timeout(name, seconds, self.rank) from None
             self.ctrl, self._ctrl_pending = self._ctrl_pending[0], None
             self.gens[0].request = None
@@ -276,6 +278,7 @@ class Channel:
         tell every other rank why (``why``). A rank whose deadline passed sends the ranks it was
         waiting for along, so that the others name them too."""
         gen = op.gen
+        assert gen is not None, "only an operation that holds a place is abandoned"
         gen.pending.append((requests, keep))
         gen.abandoned_here = True
         if gen.revoked is not None or not revoke:
@@ -301,6 +304,7 @@ class Channel:
         """End ``op``'s generation on this rank without a notice: every rank decides so at the same
         point, from the same arrival (the arrival completed, so nothing is pending)."""
         gen = op.gen
+        assert gen is not None, "only an operation that holds a place is retired"
         gen.abandoned_here = True
         if gen.revoked is None:
             gen.revoked = {"gen": gen.number, "index": op.index, "name": op.name, "rank": self.rank, "why": why,
@@ -436,7 +440,9 @@ class Channel:
         # While it moves to a fresh generation an operation has no place yet: it will take the next
         # one, and a rank that ended its cell at the generation's current place never entered it
         # (it gave up while moving too: found by the protocol model).
-        here = (op.gen.number, op.index or op.gen.index + 1)
+        gen = op.gen
+        assert gen is not None, "an operation that waits holds a place"
+        here = (gen.number, op.index or gen.index + 1)
         waited = time.monotonic() - op.began
         now_ns = time.time_ns()
         for r in range(self.size):
@@ -467,7 +473,7 @@ def _user_site() -> str:
     ``"train.py:41"`` (the innermost frame outside mpinb)."""
     import sys
 
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__", "").startswith("mpinb"):
         frame = frame.f_back
     if frame is None:
@@ -482,7 +488,8 @@ def _caller_level() -> int:
     """The ``stacklevel`` that points a warning at the first frame outside mpinb."""
     import sys
 
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_globals.get("__name__", "").startswith("mpinb"):
         frame, level = frame.f_back, level + 1
     return level

@@ -42,6 +42,8 @@ class Fused:
                 raise TypeError(f"op={op!r} is undefined for complex numbers (item {i}).")
         self.text = repr((op, tuple((shape, dtype.str) for shape, dtype in zip(shapes, dtypes, strict=True))))
         self.op, self.wire_op, self.n = op, "sum" if op == "mean" else op, len(shapes)
+        wires: tuple[Any, ...]
+        self.results: tuple[Any, ...]
         wires, self.results = zip(*[_wire(dtype, op) for dtype in dtypes], strict=True) if dtypes else ((), ())
         sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
         # Large arrays travel on their own, straight from the input into the result: no packing.
@@ -101,7 +103,7 @@ class Fused:
                 raise ValueError(f"out[{i}] must be a writeable array of shape {shape} and dtype {result}; got {got}.")
         return out
 
-    def run(self, values: list[np.ndarray], call: Any, out: list[np.ndarray] | None) -> list[Any]:
+    def run(self, values: Sequence[np.ndarray], call: Any, out: list[np.ndarray] | None) -> list[Any]:
         wire, views = self.pool.take_with_views()
         packed = wire[: len(self.members)]
         for buf, members in zip(packed, self.members, strict=True):
@@ -138,10 +140,10 @@ class Fused:
             else:
                 # One C-level loop of copies into ``out`` (the wire buffer is the pool's, never
                 # memory of ``out``; the same dtype): a Python loop cost as much as the message.
-                deque(map(np.copyto, [out[i] for i in self.small], views), maxlen=0)
+                deque(map(np.copyto, [out[i] for i in self.small], views), maxlen=0)  # type: ignore[arg-type]
                 for i in self.small:
                     results[i] = out[i]
-            views = ()
+            views = []
         # A plain buffer's results are views of it: no unpacking copy (the pool keeps the buffer
         # until they are dropped).
         for (i, b, start, stop, _shape, as_is), view in zip(self.unpack, views, strict=False):
@@ -186,7 +188,7 @@ class Fused:
 _plans: dict[tuple, Fused] = {}
 
 
-def plan(values: list[np.ndarray], op: str) -> Fused:
+def plan(values: Sequence[np.ndarray], op: str) -> Fused:
     key = (op, tuple([v.shape for v in values]), tuple([v.dtype for v in values]))
     plan = _plans.get(key)
     if plan is None:

@@ -54,7 +54,7 @@ class Op:
     def __init__(self, chan: Channel, gen: Gen | None, name: str, digest: int, index: int, cell: int,
                  timeout: float | None, deadline: float | None, votes: tuple[int, ...]) -> None:
         self.chan, self.gen, self.name, self.digest, self.index, self.cell = chan, gen, name, digest, index, cell
-        self.comm = None if gen is None else gen.comm
+        self.comm: Any = None if gen is None else gen.comm
         self.timeout, self.deadline = timeout, deadline
         if not votes:
             self.my_votes = self.votes = _NO_VOTES
@@ -115,6 +115,7 @@ class Op:
         if time.monotonic() - self.began < _AWAY:
             return None
         self.chan.notices()
+        assert self.gen is not None, "an operation that ran long holds a place"
         note = self.gen.revoked
         return note if _p.revocation_reaches(note, self.rank, self.index) else None
 
@@ -134,12 +135,15 @@ class Op:
                 if rule.to == _p.MOVING:
                     board.phase(_p.MOVING)
                 else:
+                    assert self.gen is not None, "only MOVING has no place"
                     board.enter(self.gen.number, self.index, self.name, rule.to)
             self.phase = rule.to
         else:
-            self.phase, self.outcome = _p.IDLE, rule.outcome
+            # A rule either goes to a phase or leaves with an outcome (the table's own check).
+            outcome = rule.outcome or 0
+            self.phase, self.outcome = _p.IDLE, outcome
             if board is not None:
-                board.leave(rule.outcome)
+                board.leave(outcome)
         return rule
 
     def give_up(self, event: str, requests: list[Any], keep: Any, why: str | None,
@@ -181,7 +185,8 @@ class Op:
                 recv[...] = send
             return
         mpi_op = _mpi_op(op)
-        post = [(MPI.IN_PLACE, b) for b in buffers if b.size] + [(s, r) for s, r in pairs if s.size]
+        post: list[tuple[Any, np.ndarray]] = [(MPI.IN_PLACE, b) for b in buffers if b.size]
+        post += [(s, r) for s, r in pairs if s.size]
         if self.chan.crowded:
             # More ranks than cores: whichever rank runs should find work for every message.
             self._wait([self.comm.Iallreduce(s, r, op=mpi_op) for s, r in post], post)
@@ -218,7 +223,9 @@ class Op:
 
     def allgather(self, obj: Any) -> list[Any]:
         """Every rank's object, pickled, in rank order."""
-        return self._pickled(obj, None)
+        gathered = self._pickled(obj, None)
+        assert gathered is not None, "an all-gather delivers to every rank"
+        return gathered
 
     def gather(self, obj: Any, root: int) -> list[Any] | None:
         """Every rank's object, pickled, in rank order, on ``root`` (``None`` elsewhere)."""
@@ -253,6 +260,7 @@ class Op:
         here = root is None or self.rank == root
         out = np.empty((self.size, values.size), dtype=np.int64) if here else None
         if self.size == 1:
+            assert out is not None  # one rank is every root
             out[0] = values
             return out
         request = (self.comm.Iallgather(values, out) if root is None else self.comm.Igather(values, out, root=root))
@@ -262,9 +270,10 @@ class Op:
     def gatherv(self, send: np.ndarray, recv: np.ndarray | None, counts: np.ndarray | None, root: int | None) -> None:
         """Variable-length blocks into ``recv`` on ``root`` (``None``: on every rank)."""
         if self.size == 1:
+            assert recv is not None  # one rank is every root
             recv[: send.size] = send
             return
-        spec = None if recv is None else [recv, (counts, _displacements(counts))]
+        spec = None if recv is None or counts is None else [recv, (counts, _displacements(counts))]
         request = (self.comm.Iallgatherv(send, spec) if root is None else self.comm.Igatherv(send, spec, root=root))
         self._wait([request], (send, spec))
 
@@ -311,6 +320,7 @@ class Op:
         :func:`abandoned_header`): run again on the next generation if this operation belongs to a
         later cell than the abandoned one, else raise as the others did -- never move data here."""
         self.step("retire")
+        assert self.gen is not None, "an arrival completed on a generation"
         try:
             note = self.chan.await_revocation(self.gen)
         finally:
@@ -362,7 +372,7 @@ _digests: dict[Any, int] = {}
 
 def digest_of(name: str, layout: Any) -> int:
     """The arrival's digest of an operation's name and layout."""
-    key = (name, layout)
+    key: Any = (name, layout)
     try:
         return _digests[key]
     except KeyError:

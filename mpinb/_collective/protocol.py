@@ -334,12 +334,12 @@ def diagram_markdown() -> str:
             **{100 + o: n.replace(" ", "_") for o, n in OUTCOMES.items()}}
     lines = ["```{mermaid}", "stateDiagram-v2", "    [*] --> idle"]
     for r in RULES:
-        target = name[r.to] if r.to is not None else name[100 + r.outcome]
+        target = name[r.to] if r.to is not None else name[100 + (r.outcome or 0)]
         lines.append(f"    {name[r.phase]} --> {target}: {r.event}{' (revokes)' if r.revokes else ''}")
     for o in OUTCOMES:
         lines.append(f"    {name[100 + o]} --> [*]")
     lines += ["```", "", "| phase | event | goes to | revokes | why |", "|---|---|---|---|---|"]
     for r in RULES:
-        target = PHASES[r.to] if r.to is not None else f"leaves: {OUTCOMES[r.outcome]}"
+        target = PHASES[r.to] if r.to is not None else f"leaves: {OUTCOMES[r.outcome or 0]}"
         lines.append(f"| {PHASES[r.phase]} | `{r.event}` | {target} | {'yes' if r.revokes else ''} | {r.why} |")
     return "\n".join(lines) + "\n"

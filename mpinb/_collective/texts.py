@@ -26,7 +26,8 @@ def listing(missing: dict[int, str]) -> str:
     return "; ".join(f"rank {r} ({why})" for r, why in missing.items())
 
 
-def whereabouts(chan: Channel, gen: Gen, index: int, cell: int, ask: bool = True) -> tuple[dict[int, str], list[int]]:
+def whereabouts(chan: Channel, gen: Gen | None, index: int, cell: int,
+                ask: bool = True) -> tuple[dict[int, str], list[int]]:
     """The ranks not known to have arrived at ``(gen, index)``, each with where it was: in which mpinb
     collective, idle with its cell ended (and how), or where in its own code it computes (asked of
     the ranks on this host when ``ask``: up to a second)."""
@@ -34,6 +35,8 @@ def whereabouts(chan: Channel, gen: Gen, index: int, cell: int, ask: bool = True
     arrived: list[int] = []
     computing: list[int] = []
     now = time.time_ns()
+    assert gen is not None, "an arrival is awaited on a generation"
+    number = gen.number
     for r in range(chan.size):
         if r == chan.rank:
             continue
@@ -46,7 +49,7 @@ def whereabouts(chan: Channel, gen: Gen, index: int, cell: int, ask: bool = True
                 missing[r] = (f"on host {chan.hosts[r]}, whose status is not visible from {chan.host}"
                               if chan.hosts[r] != chan.host else "its status could not be read")
             continue
-        if row.gen > gen.number or (row.gen == gen.number and row.index >= index):
+        if row.gen > number or (row.gen == number and row.index >= index):
             arrived.append(r)
         elif row.inside:
             missing[r] = f"it is in {row.describe(now)}"
@@ -72,17 +75,19 @@ def data_whereabouts(op: Op) -> dict[int, str]:
     chan = op.chan
     found: dict[int, str] = {}
     now = time.time_ns()
+    board, gen = chan.board, op.gen
+    assert gen is not None, "data moves on a generation"
     for r in range(chan.size):
         if r == chan.rank:
             continue
-        row = None if chan.board is None else chan.board.read(r)
-        if row is None:
+        row = None if board is None else board.read(r)
+        if board is None or row is None:
             found[r] = f"on host {chan.hosts[r]}, whose status is not visible from {chan.host}"
-        elif chan.board.stopped(r):
+        elif board.stopped(r):
             found[r] = "its process is stopped (SIGSTOP, Ctrl-Z or a debugger) inside it"
-        elif (row.gen, row.index) != (op.gen.number, op.index) or not row.inside:
+        elif (row.gen, row.index) != (gen.number, op.index) or not row.inside:
             found[r] = f"no longer in it: {row.describe(now)}"
-        elif not chan.board.alive(r):
+        elif not board.alive(r):
             found[r] = "its process has exited"
     return found
 

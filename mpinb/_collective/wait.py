@@ -98,7 +98,7 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
             check_at = now + interval
             chan.notices()
             note = None if gen is None else gen.revoked
-            if note is not None and revocation_reaches(note, chan.rank, op.index):
+            if note is not None and op is not None and revocation_reaches(note, chan.rank, op.index):
                 raise PeerGaveUp(note)
             if deadline is not None and now >= deadline:
                 if done():  # the last rank may have arrived while this one slept

@@ -42,6 +42,7 @@ def gather_logs(logs: Mapping[str, Any], *, comm: Any,
     keys = sorted(k for k, v in logs.items() if _is_scalar(v))
     check_same(keys, "the names of the logged metrics", comm=comm)
     values = gather_rows(np.array([[float(logs[k]) for k in keys]], dtype=np.float64), root=None, comm=comm)
+    assert values is not None  # root=None: on every rank
     if not keys:
         means = np.zeros(0)
     elif weights is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -51,7 +51,8 @@ class Packer:
         of 0 (a rank with no rows in this step) writes zeros: its gradients, of an empty batch, take
         no part, and nothing non-finite in them votes.
         """
-        bufs, views = self._pool.take_with_views()
+        bufs, made = self._pool.take_with_views()
+        views = cast(list[np.ndarray], made)  # _views makes no None
         n = len(grads)
         shaped, slots = views[:n], views[n:]
         if scale == 0:

@@ -131,6 +131,7 @@ def _proportional_stream(local: int | None, kind: str, requested: int | None, co
     known = [int(c) for c in counts if c is not None]
     longest = max(known) if len(known) == len(counts) else None
     if requested is None:
+        assert longest is not None  # every rank's length is known (checked above, on every rank)
         check_all(longest > 0, f"no rank's {kind} yields any batch (batches per rank: {counts})", comm=comm)
         steps = longest
     else:
@@ -154,15 +155,15 @@ def proportional_sizes(counts: Sequence[int], batch_size: int) -> np.ndarray:
     ``[k * batch_size, (k + 1) * batch_size)``: each rank's share of every global batch is within
     one row of ``batch_size * counts[r] / total``, and a rank with one row uses it once, mid-epoch.
     """
-    counts = np.asarray([int(c) for c in counts], dtype=np.int64)
-    total, batch = int(counts.sum()), int(batch_size)
+    rows = np.asarray([int(c) for c in counts], dtype=np.int64)
+    total, batch = int(rows.sum()), int(batch_size)
     steps = -(-total // batch)
-    owner = np.repeat(np.arange(len(counts)), counts)
-    index = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    owner = np.repeat(np.arange(len(rows)), rows)
+    index = np.arange(total) - np.repeat(np.cumsum(rows) - rows, rows)
     # Correctly rounded float64 divisions: the same order on every rank and every host.
-    position = (2 * index + 1) / (2.0 * np.maximum(counts, 1)[owner])
+    position = (2 * index + 1) / (2.0 * np.maximum(rows, 1)[owner])
     merged = owner[np.lexsort((owner, position))]
-    sizes = np.zeros((steps, len(counts)), dtype=np.int64)
+    sizes = np.zeros((steps, len(rows)), dtype=np.int64)
     np.add.at(sizes, (np.arange(total) // batch, merged), 1)
     return sizes
 

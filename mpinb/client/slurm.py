@@ -233,7 +233,7 @@ class SlurmEngines:
             return None
         self._next_look = now + _LOOK_EVERY
         if self.inside:
-            ended = [launcher for launcher in launchers if getattr(launcher, "poll", lambda: None)() is not None]
+            ended = [launcher for launcher in launchers if _has_ended(launcher)]
         else:
             self.job = next(filter(None, (getattr(launcher, "job_id", "") for launcher in launchers)), self.job)
             ended = list(launchers) if self.job and not self._running() else []
@@ -356,9 +356,35 @@ class SlurmEngines:
         return found
 
 
+def _has_ended(launcher: Any) -> bool:
+    """Whether ``launcher``'s srun ended. ipyparallel reads the output of an ended launcher as UTF-8
+    and raises on other bytes (a dying engine's or MPI's): the srun ended all the same, and its
+    output is read here, undecodable bytes replaced."""
+    poll = getattr(launcher, "poll", None)
+    if poll is None:
+        return False
+    try:
+        return poll() is not None
+    except UnicodeDecodeError:
+        launcher._output = _read_output(getattr(launcher, "output_file", None))
+        return True
+
+
+def _read_output(path: str | None) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def _output_of(launcher: Any) -> str:
     try:
         return launcher.get_output(remove=False) or ""
+    except UnicodeDecodeError:
+        return _read_output(getattr(launcher, "output_file", None))
     except Exception:  # noqa: BLE001 - no output file (yet)
         return ""
 

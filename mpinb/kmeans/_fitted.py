@@ -7,7 +7,7 @@ there); ``score`` sums over the ranks and is collective.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,13 @@ __all__ = ["FittedCentres"]
 class FittedCentres(RankAware):
     """Mixin: ``predict``, ``transform``, ``score`` and pickling for an estimator with
     ``cluster_centers_``, ``n_features_in_`` and a ``comm`` parameter."""
+
+    # What the mixin reads of the estimator it is mixed into (declared for the type checker only).
+    comm: Any
+    cluster_centers_: np.ndarray
+    n_features_in_: int
+    if TYPE_CHECKING:
+        def fit(self, X_local: Any, y: Any = None, sample_weight: Any = None) -> Any: ...
 
     def predict(self, X: Any) -> np.ndarray:
         """The index of the nearest centre of each row.

@@ -4,7 +4,7 @@ and a user's callable, checked to agree across ranks."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -284,7 +284,7 @@ def _pick(
     values: Callable[[int, int], np.ndarray],
     rank_totals: np.ndarray,
     thresholds: np.ndarray,
-    side: str,
+    side: Literal["left", "right"],
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows at positions ``thresholds`` of the global cumulative sum of ``values`` in rank order.
 
@@ -324,9 +324,10 @@ def _pick(
 
 
 def _weighted_values(data: KMeansShard, closest: np.ndarray) -> Callable[[int, int], np.ndarray]:
-    if data.weights is None:
+    weights = data.weights
+    if weights is None:
         return lambda s, e: closest[s:e]
-    return lambda s, e: data.weights[s:e] * closest[s:e]
+    return lambda s, e: weights[s:e] * closest[s:e]
 
 
 def _weighted_sum(data: KMeansShard, closest: np.ndarray) -> float:
@@ -379,4 +380,5 @@ def _uniform_by_index(key: int, start: int, stop: int) -> np.ndarray:
     z ^= z >> np.uint64(27)
     z *= np.uint64(0x94D049BB133111EB)
     z ^= z >> np.uint64(31)
-    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    uniform: np.ndarray = (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return uniform

@@ -14,10 +14,10 @@ import numpy as np
 
 from mpinb import _collective
 from mpinb._chunks import SUM_ELEMENTS
-from mpinb._rows import Shard
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._distances import NO_WEIGHTS, Changes, Fold, assign
 from mpinb.kmeans._kernels import FOLD_INERTIA, FOLD_SUMS, chunk_rows, chunks, kernels
+from mpinb.kmeans._shard import KMeansShard as Shard
 
 __all__ = ["Run", "lloyd", "same_clustering"]
 
@@ -68,7 +68,7 @@ def lloyd(
     run_on = kernels(data.n_total * k)
     i = 0
     unit = data.weights is None
-    w = NO_WEIGHTS if unit else data.weights
+    w = NO_WEIGHTS if data.weights is None else data.weights
     for i in range(max_iter):  # noqa: B007 - i is the iteration count after the loop
         if i == 0:
             # Every label changes in the first iteration (from -1), so its sums are full sums:

@@ -103,3 +103,30 @@ def test_a_job_still_queued_is_reported_with_slurms_reason(capsys):
         wait_for_new_engines(mc, set())
     said = capsys.readouterr().err
     assert said.count("mpinb: Slurm job 77 is queued: PENDING (Resources); waiting up to 0 s") == 1
+
+
+def test_an_srun_whose_output_is_not_utf8_is_reported_as_ended(tmp_path):
+    # ipyparallel decodes an ended launcher's output as UTF-8 and raises on other bytes (seen in CI:
+    # a dying engine's output); the engines' srun has ended all the same, and its output is quoted.
+    from mpinb.client import slurm as slurm_mod
+
+    out = tmp_path / "srun.log"
+    out.write_bytes(b"engine starting\n\xcb\xff garbage\nsrun: error: host2: task 1: Exited with exit code 15\n")
+
+    class Launcher:
+        output_file = str(out)
+        _output = None
+
+        def poll(self):
+            raise UnicodeDecodeError("utf-8", b"\xcb", 0, 1, "invalid continuation byte")
+
+        def get_output(self, remove=False):
+            if self._output is None:
+                raise UnicodeDecodeError("utf-8", b"\xcb", 0, 1, "invalid continuation byte")
+            return self._output
+
+    engines = slurm_mod.SlurmEngines.__new__(slurm_mod.SlurmEngines)
+    engines.inside, engines.pmi, engines._next_look, engines.job = True, "pmi2", 0.0, None
+    why = engines.failure([Launcher()])
+    assert why is not None and "ended before they registered" in why
+    assert "Exited with exit code 15" in why and "\ufffd" in why
