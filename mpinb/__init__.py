@@ -6,6 +6,8 @@ notebook kernel and never initialise MPI there. Importing this package imports N
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from mpinb.agreement import check_all, check_same, raise_together
 from mpinb.comm import World, allreduce, bcast, gather_rows, limit_threads, on_root, rprint, world
 from mpinb.deadline import get_collective_timeout, set_collective_timeout
@@ -27,6 +29,13 @@ _LAZY = {
     "plot_speedup": "mpinb.client.plotting",
     "plot_timing": "mpinb.client.plotting",
 }
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; nothing loads at run time
+    from mpinb.client import MPICluster
+    from mpinb.client.plotting import plot_clusters, plot_inertia, plot_loss, plot_speedup, plot_timing
+    from mpinb.decomposition import PCA
+    from mpinb.kmeans import KMeans, MiniBatchKMeans
+    from mpinb.preprocessing import StandardScaler
 
 __all__ = [
     "CollectiveAbandoned",
@@ -61,7 +70,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         if name in ("agreement", "client", "data", "decomposition", "deadline", "errors", "interrupt", "jobs",

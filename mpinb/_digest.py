@@ -18,7 +18,7 @@ def digest(*values: Any) -> str:
     h = hashlib.blake2b(digest_size=8)
     for value in values:
         if isinstance(value, np.random.RandomState):
-            state = value.get_state(legacy=True)
+            state: Any = value.get_state(legacy=True)
             h.update(state[1].tobytes() + repr(state[2:]).encode())
         else:
             arr = np.ascontiguousarray(value)

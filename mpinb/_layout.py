@@ -99,7 +99,7 @@ class BufferPool:
         """An idle set of buffers (its padding between arrays is still zero; the rest is stale)."""
         return self.take_with_views()[0]
 
-    def take_with_views(self) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+    def take_with_views(self) -> tuple[list[np.ndarray], Sequence[np.ndarray | None]]:
         """An idle set of buffers, and the views of it that the pool's ``views`` made once for the
         set (slicing and reshaping fifty small arrays on every call cost more than their message).
         A view handed out keeps the set in use until it is dropped, like any other."""

@@ -90,6 +90,11 @@ class PCA(RankAware, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
     True
     """
 
+    # Fitted attributes (set by fit; declared for the type checker, so ``hasattr`` still tells fitted).
+    components_: np.ndarray
+    mean_: np.ndarray
+    explained_variance_: np.ndarray
+
     _constraints: ClassVar[dict[str, Accepts]] = {
         "n_components": Accepts(Exactly(None), Integer(minimum=0), Fraction()),
         "copy": Accepts(Flag()),

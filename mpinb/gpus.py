@@ -216,7 +216,7 @@ def _gather_seen(host: str, mine: list[str], comm: Any) -> list[tuple[str, list[
     row = np.zeros((1, int(width)), dtype=np.uint8)
     row[0, : len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     rows = mpinb.gather_rows(row, root=None, comm=comm)
-    return [tuple(json.loads(bytes(r).rstrip(b"\0").decode())) for r in rows]  # type: ignore[misc]
+    return [tuple(json.loads(bytes(r).rstrip(b"\0").decode())) for r in rows]
 
 
 def _apply(choice: Choice) -> Choice:

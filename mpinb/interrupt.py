@@ -110,7 +110,7 @@ class StopFlag:
             os.close(read)
             os.close(write)
             return
-        self._pipe = (read, write)
+        self._pipe: tuple[int, int] | None = (read, write)
         _wakeup_read = read
 
     def _close_wakeup(self) -> None:

@@ -83,6 +83,12 @@ class StandardScaler(RankAware, OneToOneFeatureMixin, TransformerMixin, BaseEsti
     True
     """
 
+    # Fitted attributes (set by fit; declared for the type checker, so ``hasattr`` still tells fitted).
+    n_features_in_: int
+    mean_: np.ndarray | None
+    var_: np.ndarray | None
+    _seen: Any
+
     _constraints: ClassVar[dict[str, Accepts]] = {
         "copy": Accepts(Flag()),
         "with_mean": Accepts(Flag()),

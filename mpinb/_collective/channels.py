@@ -445,12 +445,15 @@ class Channel:
         here = (gen.number, op.index or gen.index + 1)
         waited = time.monotonic() - op.began
         now_ns = time.time_ns()
+        current = cells.current()
+        sent = current.targets if current.id == cell and None not in self.engines else None
         for r in range(self.size):
             if r == self.rank:
                 continue
             if self.board is not None and self.hosts[r] == self.host and not self.board.alive(r):
                 return r, "died (its process is gone)"
-            why = _p.departure(self.cell_record(r), cell, here, waited, now_ns)
+            patience = _p.idle_patience(sent, self.engines[r])
+            why = _p.departure(self.cell_record(r), cell, here, waited, now_ns, patience)
             if why is not None:
                 return r, why
         return None

@@ -189,11 +189,23 @@ def late_arrival(note: dict[str, Any], begun: int, rank: int, cell: int, digest:
 
 # -- ranks that left ----------------------------------------------------------------------------
 IDLE_AWAY = 3.0  # seconds a rank may sit idle in an earlier cell before it counts as not running this one
+# ... when the client's stamp says the cell was sent to it: it is on its way (a loaded host delivers
+# a cell to one engine seconds after another, CI saw 4 s), so only a cell dropped on the way, as
+# ``client.abort()`` drops one, keeps it idle this long.
+SENT_AWAY = 60.0
 
 
-def departure(record: Any, cell: int, here: tuple[int, int], waited: float, now_ns: int) -> str | None:
+def idle_patience(sent_to: tuple[int, ...] | None, engine: int | None) -> float:
+    """How long a rank on ``engine`` may sit idle in an earlier cell, for a cell the client stamped
+    as sent to engines ``sent_to`` (``None``: not stamped, the engines count the cells)."""
+    return SENT_AWAY if sent_to is not None and engine in sent_to else IDLE_AWAY
+
+
+def departure(record: Any, cell: int, here: tuple[int, int], waited: float, now_ns: int,
+              patience: float = IDLE_AWAY) -> str | None:
     """Why a rank whose cell record is ``record`` (:class:`~mpinb._collective.board.CellRecord`) will
-    not enter the operation at ``here`` (generation, place) of ``cell``, or ``None``.
+    not enter the operation at ``here`` (generation, place) of ``cell``, or ``None``; ``patience``:
+    how long it may sit idle in an earlier cell (:data:`IDLE_AWAY`, :data:`SENT_AWAY`).
 
     A rank's place only grows, so a rank that ended this cell, or a later one, at a place before
     ``here`` never entered this operation; one that ended it at or after ``here`` did (it may have
@@ -208,8 +220,8 @@ def departure(record: Any, cell: int, here: tuple[int, int], waited: float, now_
             "left this cell and is running a later one"
     if record.cell > cell:
         return "is running a later cell without having run this one"
-    if (not record.running and record.cell < cell and waited > IDLE_AWAY
-            and now_ns - record.ended_ns > IDLE_AWAY * 1e9):
+    if (not record.running and record.cell < cell and waited > patience
+            and now_ns - record.ended_ns > patience * 1e9):
         idle = "" if not record.ended_ns else f" for {(now_ns - record.ended_ns) / 1e9:.0f} s"
         return f"is not running this cell (idle{idle})"
     return None

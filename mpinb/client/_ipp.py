@@ -242,7 +242,8 @@ class _NoticeRelay:
         import contextvars
         import threading
 
-        self._magics, self._seen, self._done = magics, {}, threading.Event()
+        self._seen: dict[Any, Any] = {}
+        self._magics, self._done = magics, threading.Event()
         self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run,), daemon=True)
         self._thread.start()
 

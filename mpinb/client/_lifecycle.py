@@ -220,18 +220,19 @@ def wait_for_new_engines(mc: ClusterHandle, old: set[Any], timeout: float | None
         if slurm is not None and (why := slurm.failure(list(mc.cluster.engines.values()))):
             raise RuntimeError(why)
         queued = slurm.queued() if slurm is not None else None
-        if queued and not said_queued:
+        if slurm is not None and queued and not said_queued:
             said_queued = True  # once: Slurm may keep a job queued for hours, and the wait is bounded
             print(f"mpinb: Slurm job {slurm.job} is queued: {queued}; waiting up to {limit:.0f} s for it to start.",
                   file=sys.stderr, flush=True)
         if time.monotonic() > deadline:
-            if queued:
+            if slurm is not None and queued:
                 raise TimeoutError(
                     f"Slurm job {slurm.job} was still queued after {limit:.0f} s: {queued}; it is cancelled. "
                     "MPICluster(..., timeout=...) or restart(timeout=...) waits longer; `sinfo` shows the nodes."
                 )
+            said = "" if slurm is None else f" {slurm.pending(list(mc.cluster.engines.values()))};"
             raise TimeoutError(
-                f"only {len(new)} of {mc.n} MPI engines registered within {limit:.0f} s; "
+                f"only {len(new)} of {mc.n} MPI engines registered within {limit:.0f} s;{said} "
                 "check `mpinb info` and the engines' log in the profile directory."
             )
         time.sleep(0.05)

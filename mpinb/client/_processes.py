@@ -33,7 +33,7 @@ def session_members(sessions: Iterable[int]) -> list[int]:
     process is left in the session, so a session that still has members is the one recorded.
     """
     wanted = {int(s) for s in sessions if s}
-    uid, found = os.getuid(), []
+    uid, found = os.getuid(), list[int]()
     if not wanted:
         return found
     for name in os.listdir("/proc"):
@@ -101,7 +101,7 @@ def end(pids: Sequence[int], grace: float, *, terminate: bool = False) -> None:
     psutil.wait_procs(alive, timeout=2.0)
 
 
-def finish(proc: subprocess.Popen[str], timeout: float | None) -> tuple[str | None, int | None]:
+def finish(proc: subprocess.Popen[str], timeout: float | None) -> tuple[str, int | None]:
     """``proc``'s output and exit status; after ``timeout`` seconds, or when the wait itself is
     interrupted (Ctrl-C), SIGKILL its whole process group first.
 
@@ -111,7 +111,7 @@ def finish(proc: subprocess.Popen[str], timeout: float | None) -> tuple[str | No
     """
     try:
         out, _ = proc.communicate(timeout=timeout)
-        return out, proc.returncode
+        return out or "", proc.returncode  # no output captured: nothing to quote
     except subprocess.TimeoutExpired:
         return _kill_group(proc), None
     except BaseException:

@@ -32,7 +32,7 @@ def remember_ranks(ids_by_rank: list[int], deaths: Callable[[], str | None] | No
 
 def _weakly(method: Callable[[], str | None]) -> Callable[[], str | None]:
     """``method`` (bound), called only while its object lives: a closed cluster is not kept alive."""
-    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+    ref = weakref.WeakMethod(method)
 
     def call() -> str | None:
         bound = ref()
@@ -81,7 +81,7 @@ def _same(ename: str, evalue: Any) -> str:
 def _who(ename: str, evalue: Any, engine_info: dict | None) -> tuple[str, int]:
     eid = _engine_of(ename, evalue, engine_info)
     if eid in _rank_of_engine:
-        return "rank", _rank_of_engine[eid]  # type: ignore[index]
+        return "rank", _rank_of_engine[eid]
     return "engine", -1 if eid is None else eid
 
 

@@ -33,7 +33,8 @@ class Watchdog:
     """The owner's side: start the watchdog, tell it what to watch, release it on a clean stop."""
 
     def __init__(self) -> None:
-        read, self._write = os.pipe()  # not inheritable: processes started later do not hold it
+        read, write = os.pipe()  # not inheritable: processes started later do not hold it
+        self._write: int | None = write
         try:
             self.process = subprocess.Popen(
                 # Not ``-m mpinb.client._watchdog``: runpy would warn that the package (which imports

@@ -275,6 +275,21 @@ class SlurmEngines:
             return None
         return f"{state} ({reason})"
 
+    def pending(self, launchers: Sequence[Any]) -> str:
+        """What Slurm and srun say of engines that have not registered in time: the steps of the
+        job (a step that has not ended holds the CPUs a new one asks for) and srun's last lines."""
+        said: list[str] = []
+        if self.job:
+            try:
+                steps = self._run([self._command("squeue"), "-h", "-s", "-j", self.job, "-o", "%i %N"]).stdout
+            except RuntimeError:
+                steps = ""
+            listed = "; ".join(line.strip() for line in steps.splitlines() if line.strip()) or "none"
+            said.append(f"Slurm lists these steps of job {self.job}: {listed}")
+        output = " | ".join(_tail(_read_output(getattr(launcher, "output_file", None))) for launcher in launchers)
+        said.append(f"srun says: {output.strip(' |') or 'nothing'}")
+        return "; ".join(said)
+
     def describe(self) -> str:
         """For ``repr(cluster)``: how the engines were started."""
         where = f"step {self.target}" if self.inside else f"job {self.job or '?'}"

@@ -138,9 +138,9 @@ def _check_test_size(test_size: Any) -> None:
     if isinstance(test_size, bool):
         ok = False
     elif is_int(test_size):
-        ok = test_size >= 1
+        ok = bool(test_size >= 1)
     elif isinstance(test_size, (float, np.floating)):
-        ok = 0.0 < test_size < 1.0
+        ok = bool(0.0 < test_size < 1.0)
     else:
         ok = False
     if not ok:

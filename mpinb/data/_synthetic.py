@@ -250,7 +250,7 @@ def shared_seed(random_state: Any, shard: bool, comm: Any) -> int:
     if random_state is not None:
         return check_int(random_state, "random_state", minimum=0)
     # 32 bits: scikit-learn accepts seeds below 2**32 only.
-    fresh = int(np.random.SeedSequence().entropy) % (1 << 32)
+    fresh = int(np.random.SeedSequence().entropy) % (1 << 32)  # type: ignore[arg-type]  # an int when drawn
     if not shard:
         return fresh
     comm = default_comm(comm)

@@ -70,6 +70,7 @@ def dataset(x: Any, y: Any, n_local: int, plan: BatchPlan, first_epoch: int, epo
     import tensorflow as tf
 
     sizes = plan.local_sizes(rank)
+    assert sizes is not None, "in-memory arrays: the plan knows every local batch"
     used = int(sizes.sum())
     xt = keras.tree.map_structure(_rows_source, as_arrays(x))
     yt = keras.tree.map_structure(_rows_source, as_arrays(y))

@@ -20,7 +20,7 @@ _STRATEGIES = ("gradients", "weights")
 class FitSettings:
     """fit's arguments that every rank must pass alike (all but the data, callbacks and comm)."""
 
-    batch_size: int
+    batch_size: int | None  # None with a pipeline: its own batches
     epochs: int
     strategy: str
     average_every: int

@@ -30,8 +30,10 @@ def plan_batches(model: Any, x: Any, n_local: int | None, stream: Stream | None,
     has no weights yet."""
     empty = None
     if stream is None:
-        plan = plan_arrays(n_local, batch_size, requested, comm=comm, shards=shards)
-        first = lambda: _arrays.take(x, np.arange(min(1, n_local)), dense=True)  # noqa: E731
+        assert n_local is not None and batch_size is not None, "arrays: fit's checks give both"
+        rows = n_local
+        plan = plan_arrays(rows, batch_size, requested, comm=comm, shards=shards)
+        first = lambda: _arrays.take(x, np.arange(min(1, rows)), dense=True)  # noqa: E731
     else:
         plan = plan_stream(stream.batches_per_epoch(), stream.kind, requested, comm=comm, shards=shards)
         mine = plan.steps if plan.batches is None else plan.batches[comm.Get_rank()]
@@ -44,7 +46,8 @@ def plan_batches(model: Any, x: Any, n_local: int | None, stream: Stream | None,
                 raise ValueError(f"no rank's {stream.kind} yields a batch to learn its structure from; "
                                  "give some rank batches.")
             empty = borrowed if empty is None else empty
-        first = stream.first_inputs if mine > 0 else (lambda: empty[0])  # noqa: E731
+        stand: Any = empty  # a batch of no rows, whenever this rank's pipeline yields none
+        first = stream.first_inputs if mine > 0 else (lambda: stand[0])  # noqa: E731
     if not model.built:
         model(first())
     return plan, empty
@@ -63,9 +66,10 @@ def weighted_by_rows(model: Any, plan: BatchPlan, shards: str, exchange: TensorE
     rank, size = comm.Get_rank(), comm.Get_size()
     metrics, sync = applied[MetricAverage], applied[SyncNonTrainable]
     if plan.sizes is not None:  # in-memory arrays: every step's local batches are known
-        rows = [plan.rows_used(r) for r in range(size)]
+        sizes = plan.sizes
+        rows = [int(sizes[:, r].sum()) for r in range(size)]
         metrics.weights, sync.share = rows, rows[rank] / sum(rows)
-        empty_steps = bool(plan.local_sizes(rank).min() == 0)
+        empty_steps = bool(sizes[:, rank].min() == 0)
     else:
         def weigh_epoch(rows: list[int]) -> None:
             metrics.weights = rows

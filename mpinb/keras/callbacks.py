@@ -318,7 +318,7 @@ def broadcast_state(model: Any, *, root: int = 0, comm: Any = None) -> None:
     opt = getattr(model, "optimizer", None)
     built = bool(opt is not None and opt.built)
     check_same(built, "whether the optimizer is built (has state to broadcast)", comm=comm)
-    if built:
+    if built and opt is not None:
         variables += list(opt.variables)
     check_same([(tuple(v.shape), str(v.dtype)) for v in variables], "the model's weight shapes and dtypes", comm=comm,
                labels=[getattr(v, "path", v.name) for v in variables])

@@ -59,15 +59,17 @@ def scored(x: Any, y: Any, steps: int | None, xname: str = "x", yname: str = "y"
 def validation_rows(data: Any, steps: int | None) -> Scored:
     """fit's ``validation_data`` checked: a pair of arrays, or a pipeline (a generator only with
     ``validation_steps``). Local."""
-    if as_stream(data) is not None:
-        if as_stream(data).kind == "generator" and steps is None:
+    stream = as_stream(data)
+    if stream is not None:
+        if stream.kind == "generator" and steps is None:
             raise ValueError("a generator as validation_data would be used up by the first epoch; pass "
                              "validation_steps= (this rank's batches scored each epoch).")
         return scored(data, None, steps, "validation_data", "y", "validation_steps")
     if not isinstance(data, (tuple, list)) or len(data) != 2 or as_stream(data[0]) is not None:
         raise TypeError("validation_data must be a pair (x_val, y_val) of this rank's validation rows, or a "
                         "pipeline (tf.data.Dataset, keras.utils.PyDataset or generator) of this rank's batches.")
-    return scored(*data, steps, "validation_data[0]", "validation_data[1]", "validation_steps")
+    x_val, y_val = data
+    return scored(x_val, y_val, steps, "validation_data[0]", "validation_data[1]", "validation_steps")
 
 
 def evaluate(model: Any, x: Any, y: Any = None, *, batch_size: int = 32, steps: int | None = None,
@@ -117,7 +119,7 @@ def evaluate(model: Any, x: Any, y: Any = None, *, batch_size: int = 32, steps: 
             raise ValueError("evaluate needs a compiled model: call model.compile(loss=..., metrics=...) first.")
     check_same(data.stream is None, "whether evaluate's x is arrays or a pipeline", comm=comm)
     if data.stream is None:
-        (total,) = allreduce([np.int64(data.rows)], comm=comm)
+        (total,) = allreduce([np.int64(data.rows or 0)], comm=comm)  # arrays: rows is their count
         if total == 0:
             raise ValueError("evaluate got no rows on any rank; pass each rank's test shard.")
     return global_evaluate(model, data, batch_size, comm)
@@ -138,7 +140,7 @@ def global_evaluate(model: Any, data: Scored, batch_size: int, comm: Any) -> dic
                                return_dict=True)
         else:
             _score_nothing(model, keras.tree.map_structure(_one_zero_row, borrowed))
-    elif data.rows > 0:
+    elif (data.rows or 0) > 0:
         model.evaluate(data.x, data.y, batch_size=batch_size, verbose=0, return_dict=True)
     else:
         _score_nothing(model, (dummy_row(data.x), dummy_row(data.y)))

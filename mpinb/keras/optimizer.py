@@ -256,12 +256,12 @@ class TensorExchange(GradientExchange):
         return out_grads
 
 
-def _distributed_class(base: type) -> type:
+def _distributed_class(base: type) -> Any:
     cls = _CLASSES.get(base)
     if cls is not None:
         return cls
 
-    class Distributed(_AllreduceGradients, base):  # type: ignore[valid-type, misc]
+    class Distributed(_AllreduceGradients, base):
         pass
 
     # Same name and module as the wrapped class: Keras serialises the optimizer by class name, so a

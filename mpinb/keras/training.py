@@ -263,6 +263,7 @@ def _fit(model: Any, x: Any, y: Any, validation_data: Any, settings: FitSettings
     }
     if initial_epoch < s.epochs:
         if stream is None:
+            assert n_local is not None, "arrays: _check_inputs counts their rows"
             data = _arrays.dataset(x, y, n_local, plan, initial_epoch, s.epochs, seed, comm.Get_rank(), s.shuffle)
         else:
             real = None if plan.batches is None else plan.batches[comm.Get_rank()]
@@ -417,7 +418,7 @@ def _this_fit(model: Any, exchange: TensorExchange | None, accumulate: int, per_
         raise
     finally:
         stopper.release()
-        if exchange is not None and exchange.accumulate != accumulated_before:
+        if exchange is not None and accumulated_before is not None and exchange.accumulate != accumulated_before:
             exchange.accumulate = accumulated_before
             _compat.retrace(model)
         if per_execution != requested:

@@ -240,7 +240,8 @@ def _kmeans_parallel(
         picked = []
         for s, e in chunks(data.n_local, chunk_rows(d)):
             u = _uniform_by_index(key, data.offset + s, data.offset + e)
-            keep = np.flatnonzero(u * phi[0] < _OVERSAMPLING * k * data.weight_slice(s, e) * closest[s:e])
+            odds = _OVERSAMPLING * k * np.multiply(data.weight_slice(s, e), closest[s:e])
+            keep = np.flatnonzero(u * float(phi[0]) < odds)
             if keep.size:
                 rows = np.empty((keep.size, d + 1))
                 np.subtract(data.X[s + keep], data.mean, out=rows[:, :d], dtype=np.float64)

@@ -63,11 +63,12 @@ def _never_stale(note: dict, begun: int, rank: int, cell: int, digest: int) -> t
     return _ORIGINAL["late_arrival"](note, begun, rank, cell, digest)[0], False
 
 
-def _departure_by_cell_only(record: Any, cell: int, here: tuple[int, int], waited: float, now_ns: int) -> str | None:
+def _departure_by_cell_only(record: Any, cell: int, here: tuple[int, int], waited: float, now_ns: int,
+                            patience: float = _p.IDLE_AWAY) -> str | None:
     # The rule before the model found its race: any rank running a later cell has left this one.
     if record is not None and cell and record.cell > cell:
         return "left this cell and is running a later one"
-    return _ORIGINAL["departure"](record, cell, here, waited, now_ns)
+    return _ORIGINAL["departure"](record, cell, here, waited, now_ns, patience)
 
 
 _ORIGINAL: dict[str, Callable[..., Any]] = {

@@ -130,3 +130,32 @@ def test_an_srun_whose_output_is_not_utf8_is_reported_as_ended(tmp_path):
     why = engines.failure([Launcher()])
     assert why is not None and "ended before they registered" in why
     assert "Exited with exit code 15" in why and "\ufffd" in why
+
+
+def test_engines_that_never_register_are_reported_with_the_jobs_steps_and_srun_s_words(tmp_path):
+    # The CI failure this answers said only "0 of 2 registered": a step that has not ended holds the
+    # CPUs of the allocation, and srun waits for them saying so.
+    import subprocess
+
+    from mpinb.client import slurm as slurm_mod
+
+    out = tmp_path / "srun.log"
+    out.write_text("srun: Job 7 step creation temporarily disabled, retrying (Requested nodes are busy)\n")
+
+    class Launcher:
+        output_file = str(out)
+
+    engines = slurm_mod.SlurmEngines.__new__(slurm_mod.SlurmEngines)
+    engines.inside, engines.pmi, engines.job = True, "pmi2", "7"
+    asked = []
+
+    def run(argv):
+        asked.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout="7.0 host[1-2]\n7.1 host[1-2]\n", stderr="")
+
+    engines._run, engines._command = run, lambda name: name
+    said = engines.pending([Launcher()])
+    assert asked == [["squeue", "-h", "-s", "-j", "7", "-o", "%i %N"]]
+    assert "steps of job 7: 7.0 host[1-2]; 7.1 host[1-2]" in said
+    assert said.endswith("srun says: srun: Job 7 step creation temporarily disabled, retrying "
+                         "(Requested nodes are busy)")

@@ -14,11 +14,11 @@ def distinct_colors(k: int) -> np.ndarray:
     import matplotlib
 
     if k <= 10:
-        return np.asarray(matplotlib.colormaps["tab10"].colors)[:k]
+        return np.asarray(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]  # a ListedColormap[:k]
     if k <= 20:
         # tab20 pairs a dark and a light shade of each hue: take all dark shades first, so that
         # neighbouring cluster numbers differ in hue, not only in lightness.
-        colors = np.asarray(matplotlib.colormaps["tab20"].colors)
+        colors = np.asarray(matplotlib.colormaps["tab20"].colors)  # type: ignore[attr-defined]  # listed
         return np.concatenate([colors[0::2], colors[1::2]])[:k]
     return matplotlib.colormaps["turbo"](np.linspace(0.0, 1.0, k))
 

@@ -44,7 +44,8 @@ def plot_inertia(inertia_history: Any, *, ax: Any = None, log: bool = True) -> A
     if isinstance(inertia_history, Mapping):
         if not inertia_history:
             raise ValueError("inertia_history is an empty dict; give {name: history} for at least one run.")
-        runs = [(str(name), _inertia_values(value, name)) for name, value in inertia_history.items()]
+        runs: list[tuple[str | None, np.ndarray]] = [
+            (str(name), _inertia_values(value, name)) for name, value in inertia_history.items()]
     else:
         runs = [(None, _inertia_values(inertia_history, None))]
     if log:

@@ -77,7 +77,9 @@ def plot_loss(history: Any, metric: str = "loss", *, ax: Any = None, per_rank: b
     train = _series(h, metric, ndim=1) if metric in h else None
     val = _series(h, val_key, ndim=1) if val_key in h else None
     table = _series(h, rank_key, ndim=2) if per_rank and _nonempty(h, rank_key) else None
-    n_epochs = len(train if train is not None else val)
+    series = train if train is not None else val
+    assert series is not None  # the caller checked that h holds one of them
+    n_epochs = len(series)
     if table is not None and len(table) != n_epochs:
         raise ValueError(
             f"history[{rank_key!r}] must have one row per epoch ({n_epochs}) and one column per rank, as "
