@@ -4,8 +4,7 @@
 Works on a fresh clone with only Python 3.11+: it creates ``.venv`` (MPI from the ``mpich`` wheel,
 TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
 
-- ``unit``       one process, ``pytest tests/unit``, beside the 1-rank MPI tier when both run (each
-                 keeps about one core busy);
+- ``unit``       one process, ``pytest tests/unit``;
 - ``model``      the collective protocol's model: the real layer over simulated ranks, MPI and clock,
                  driven through every ordering (exhaustive at 2-3 ranks, seeded walks at 4-16) with
                  faults injected, and seeded protocol bugs it must catch; ends with one line
@@ -14,7 +13,7 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
 - ``mpi``        ``mpiexec -n N python -m mpi4py -m pytest tests/mpi`` for N in 1, 2, 3, 4, each under a
                  hard timeout (an exception on one rank aborts the job instead of hanging it);
 - ``cluster``    real ipyparallel clusters of MPI engines: start, connect, restart, interrupts,
-                 dead engines, a short soak;
+                 dead engines, a short soak; in two shards of its files, side by side;
 - ``multihost``  MPI across 2-3 simulated hosts (network + UTS namespaces on a private bridge,
                  reached through a launcher wrapper, MPI over TCP): KMeans and Keras against one
                  host, an MPICluster gathering from every host, per-host thread budgets,
@@ -22,16 +21,15 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
 - ``slurm``      a real Slurm (munged, slurmctld, a slurmd on each of 3 simulated hosts): MPICluster
                  through sbatch and through srun inside an allocation, KMeans and Keras in a batch
                  step against one process, owner killed, a node lost mid-cell, ``mpinb info --slurm``;
-                 needs root and Debian's Slurm packages, and skips in one line without them; it runs
-                 beside the multihost tier;
+                 needs root and Debian's Slurm packages, and skips in one line without them;
 - ``notebooks``  the tutorial notebooks executed on real clusters, with assertions on their values;
 - ``browser``    a tutorial notebook run to the end in JupyterLab in headless Chromium;
 - ``docs``       ``sphinx-build -W --keep-going -n`` of ``docs/`` (no warning, every reference resolved,
-                 notebooks not executed), then the index, an API page and a tutorial opened in Chromium;
-                 it runs beside the browser tier.
+                 notebooks not executed), then the index, an API page and a tutorial opened in Chromium.
 
-Afterwards it checks that no process started by the tests is still running, and prints one closing
-line ``N passed, N failed, N skipped``. Options: ``--tier NAME`` (repeatable), ``-k EXPR``, ``--np 2,4``.
+Tiers that leave cores idle run side by side (:data:`PLAN`). Afterwards it checks that no process
+started by the tests is still running, and prints one closing line ``N passed, N failed, N skipped``.
+Options: ``--tier NAME`` (repeatable), ``-k EXPR``, ``--np 2,4``.
 """
 
 from __future__ import annotations
@@ -63,6 +61,24 @@ SUITE_SCHEDULES = 20_000  # the model tier's schedules in a whole-suite run (see
 TIER_TIMEOUT = {"unit": 600, "model": 600, "mpi": 900, "cluster": 900, "multihost": 300, "slurm": 300, "notebooks": 900,
                 "browser": 300, "docs": 300}
 PER_TEST_TIMEOUT = 180
+# The whole suite's plan on CI's two cores: stages one after another, the lanes of a stage side by
+# side, each lane's jobs in order. The cores' use was measured per tier (the closing line of each
+# tier says how busy they were): the unit tier and the 1-rank MPI tier each keep about one core
+# busy; the 2-4 rank MPI tiers keep both busy; the cluster tier mostly waits for engines, deadlines
+# and deaths (about 25 % of two cores busy), so its files run in two shards side by side, beside the
+# model (at the lowest priority), the multihost tier and the slurm tier (Slurm schedules its jobs;
+# each simulated-host tier builds its hosts on a free subnet of its own); the docs tier's Sphinx
+# build is one process, beside the browser tier's JupyterLab (each its own Chromium).
+PLAN: tuple[tuple[tuple[str, ...], ...], ...] = (
+    (("mpi:1",), ("unit",)),
+    (("mpi:2", "mpi:3", "mpi:4"),),
+    (("cluster:0",), ("cluster:1",), ("model", "multihost", "slurm")),
+    (("notebooks",),),
+    (("browser",), ("docs",)),
+)
+# The cluster tier's first shard (the rest is the second): about half of its time each.
+CLUSTER_FIRST_SHARD = ("test_cells.py", "test_reliability.py", "test_scale.py", "test_recovery.py",
+                       "test_private.py")
 # How many of the slowest tests each tier reports (MPINB_TEST_DURATIONS=0: all of them).
 DURATIONS = f"--durations={os.environ.get('MPINB_TEST_DURATIONS', '12')}"
 
@@ -85,6 +101,25 @@ def ensure_venv() -> None:
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
     subprocess.run([*pip, "-e", f"{ROOT}[all]"], check=True, cwd=ROOT)
     stamp.write_text(want)
+
+
+def cpu_times() -> tuple[int, int]:
+    """(busy, all) jiffies of every core since boot, from /proc/stat; (0, 0) elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_since(then: tuple[int, int]) -> str:
+    """How busy the machine's cores were since ``then`` (:func:`cpu_times`): where the suite's time
+    goes, for deciding which tiers can share CI's two cores."""
+    now = cpu_times()
+    total = now[1] - then[1]
+    return f", cores {100 * (now[0] - then[0]) / total:.0f} % busy" if total > 0 else ""
 
 
 def in_venv() -> bool:
@@ -119,62 +154,25 @@ def main() -> int:
 
     failures: list[str] = []
     started = time.monotonic()
-    tiers, sizes = list(args.tier or TIERS), [int(s) for s in args.np.split(",")]
-    # The unit tier and the 1-rank MPI tier each keep about one core busy: on CI's two cores they
-    # run side by side (about two minutes saved), the unit tier's output printed when it ends.
-    unit_beside = "unit" in tiers and "mpi" in tiers and 1 in sizes
-    # Tiers that run beside another, each keeping less than a core busy while the other runs: the
-    # slurm tier mostly waits (Slurm schedules its jobs; about 70 % of two cores idle) beside the
-    # multihost tier (each builds its own simulated hosts, on a free subnet of its own); the docs
-    # tier's Sphinx build is one process, beside the browser tier's JupyterLab (each its own Chromium).
-    beside_of = {side: host for side, host in (("slurm", "multihost"), ("docs", "browser"))
-                 if side in tiers and host in tiers}
-    running: dict[str, Beside] = {}  # host tier -> its side tier, while both run
-    for tier in tiers:
-        if (tier == "unit" and unit_beside) or tier in beside_of:
+    chosen, sizes = set(args.tier or TIERS), [int(s) for s in args.np.split(",")]
+    for stage in PLAN:
+        lanes = [[job for job in lane if job_chosen(job, chosen, sizes)] for lane in stage]
+        lanes = [lane for lane in lanes if lane]
+        if not lanes:
             continue
-        for side in [side for side, host in beside_of.items() if host == tier]:
-            if side in ("multihost", "slurm") and (reason := tier_unavailable(side)):
-                print(f"[run.py] tier {side}: skipped, {reason}", flush=True)
-                skip = {"name": side, "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
-                (reports / f"{side}.json").write_text(json.dumps(skip))
-            else:
-                running[tier] = Beside(lambda log, side=side: run_tier(side, env, extra, log))
-                print(f"\n[run.py] tier {side} started, beside tier {tier}", flush=True)
-        tier_dir = ROOT / "tests" / tier
-        if not any(tier_dir.glob("test_*.py")):
-            print(f"[run.py] tier {tier}: no tests yet", flush=True)
-            continue
-        if tier in ("multihost", "slurm") and (reason := tier_unavailable(tier)):
-            # One line, and one skip in the closing count, instead of a column of skipped tests.
-            print(f"[run.py] tier {tier}: skipped, {reason}", flush=True)
-            skip = {"name": tier, "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
-            (reports / f"{tier}.json").write_text(json.dumps(skip))
-            continue
-        if tier == "mpi":
-            for n in sizes:
-                beside = Beside(lambda log: run_tier("unit", env, extra, log)) if unit_beside and n == 1 else None
-                t0 = time.monotonic()
-                print(f"\n[run.py] tier mpi at {n} rank(s)" + (", beside tier unit" if beside else ""), flush=True)
-                code = run_mpi_tier(n, env, extra)
-                print(f"[run.py] tier mpi at {n} rank(s): exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
-                if code != 0:
-                    failures.append(f"mpi -n {n} (exit {code})")
-                if beside is not None:
-                    failures += finish_beside("unit", "mpi at 1 rank", beside)
-        else:
-            t0 = time.monotonic()
-            print(f"\n[run.py] tier {tier}", flush=True)
-            code = run_tier(tier, env, extra)
-            print(f"[run.py] tier {tier}: exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
-            if code not in (0, 5):
-                failures.append(f"{tier} (exit {code})")
-        if tier in running:
-            side = next(side for side, host in beside_of.items() if host == tier)
-            failures += finish_beside(side, tier, running.pop(tier))
+        t0, cpu0 = time.monotonic(), cpu_times()
+        # The first lane prints as it runs; the others keep their output until they end.
+        others = [Lane(lambda log, lane=lane: run_lane(lane, env, extra, reports, log)) for lane in lanes[1:]]
+        if others:
+            print(f"\n[run.py] side by side: {' | '.join(' then '.join(lane) for lane in lanes)}", flush=True)
+        failures += run_lane(lanes[0], env, extra, reports, None)
+        for other in others:
+            found = other.finish()
+            print(f"\n[run.py] (beside {' then '.join(lanes[0])})\n{other.output}", end="", flush=True)
+            failures += found
+        if others:
+            print(f"[run.py] side by side: {time.monotonic() - t0:.0f} s{busy_since(cpu0)}", flush=True)
 
-    for tier, beside in running.items():  # its host tier was skipped
-        failures += finish_beside(next(side for side, host in beside_of.items() if host == tier), tier, beside)
     leftovers = processes_with_marker(run_id)
     if leftovers:
         failures.append(f"{len(leftovers)} process(es) left running by the tests")
@@ -195,46 +193,84 @@ def main() -> int:
     return 1 if failures or failed else 0
 
 
-def run_tier(tier: str, env: dict[str, str], extra: list[str], log: Any = None) -> int:
-    """One pytest process for a tier that is not ``mpi``."""
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / tier), "-q", f"--timeout={PER_TEST_TIMEOUT}",
-           DURATIONS, *extra]
-    return run(cmd, dict(env, MPINB_TEST_TIER=tier), TIER_TIMEOUT[tier], log)
+def run_tier(tier: str, env: dict[str, str], extra: list[str], log: Any = None, *, files: list[str] | None = None,
+             report: str | None = None, nice: bool = False) -> int:
+    """One pytest process for a tier that is not ``mpi`` (``files``: some of its test files, its
+    report named ``report``); ``nice``: at the lowest priority, yielding to the tiers beside it."""
+    paths = files if files is not None else [str(ROOT / "tests" / tier)]
+    cmd = [sys.executable, "-m", "pytest", *paths, "-q", f"--timeout={PER_TEST_TIMEOUT}", DURATIONS, *extra]
+    return run(cmd, dict(env, MPINB_TEST_TIER=report or tier), TIER_TIMEOUT[tier], log, nice=nice)
 
 
-def finish_beside(tier: str, beside: str, run: Beside) -> list[str]:
-    """Wait for ``tier``, run beside tier ``beside``; print its output; its failure, if any."""
-    code = run.finish()
-    print(f"\n[run.py] tier {tier} (beside {beside})\n{run.output}", end="", flush=True)
-    print(f"[run.py] tier {tier}: exit {code} in {run.seconds:.0f} s", flush=True)
-    return [] if code in (0, 5) else [f"{tier} (exit {code})"]
+def job_chosen(job: str, tiers: set[str], sizes: list[int]) -> bool:
+    """Whether a job of :data:`PLAN` (``"mpi:2"``, ``"cluster:1"``, ``"unit"``) is in this run."""
+    tier, _, part = job.partition(":")
+    return tier in tiers and (tier != "mpi" or int(part) in sizes)
 
 
-class Beside:
-    """A tier running on a thread beside the next one, its output kept in a file until it ends."""
+def run_lane(lane: list[str], env: dict[str, str], extra: list[str], reports: Path, log: Any) -> list[str]:
+    """Run a lane's jobs one after another, printing (to ``log``, or stdout) what each says and how
+    it ended; returns the failures."""
+    out = log if log is not None else sys.stdout
+    failures = []
+    for job in lane:
+        tier, _, part = job.partition(":")
+        name = f"mpi at {part} rank(s)" if tier == "mpi" else job
+        if tier in ("multihost", "slurm") and (reason := tier_unavailable(tier)):
+            # One line, and one skip in the closing count, instead of a column of skipped tests.
+            print(f"[run.py] tier {tier}: skipped, {reason}", file=out, flush=True)
+            skip = {"name": tier, "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
+            (reports / f"{tier}.json").write_text(json.dumps(skip))
+            continue
+        if tier not in ("mpi", "cluster") and not any((ROOT / "tests" / tier).glob("test_*.py")):
+            print(f"[run.py] tier {tier}: no tests yet", file=out, flush=True)
+            continue
+        t0, cpu0 = time.monotonic(), cpu_times()
+        print(f"\n[run.py] tier {name}", file=out, flush=True)
+        if tier == "mpi":
+            code = run_mpi_tier(int(part), env, extra, log)
+        elif tier == "cluster":
+            code = run_tier(tier, env, extra, log, files=cluster_shard(int(part)), report=f"cluster-{part}")
+        else:
+            code = run_tier(tier, env, extra, log, nice=tier == "model")
+        print(f"[run.py] tier {name}: exit {code} in {time.monotonic() - t0:.0f} s{busy_since(cpu0)}", file=out,
+              flush=True)
+        if code not in (0, 5):
+            failures.append(f"{name} (exit {code})")
+    return failures
 
-    def __init__(self, body: Callable[[Any], int]) -> None:
+
+def cluster_shard(index: int) -> list[str]:
+    """The cluster tier's test files of shard ``index``: :data:`CLUSTER_FIRST_SHARD`, or the rest."""
+    files = sorted(p.name for p in (ROOT / "tests" / "cluster").glob("test_*.py"))
+    mine = [f for f in files if (f in CLUSTER_FIRST_SHARD) == (index == 0)]
+    return [str(ROOT / "tests" / "cluster" / f) for f in mine]
+
+
+class Lane:
+    """A lane of jobs running on a thread beside the stage's first lane, its output kept in a file
+    until it ends."""
+
+    def __init__(self, body: Callable[[Any], list[str]]) -> None:
         self._log = tempfile.TemporaryFile("w+")
-        self._code = 1
-        self._t0 = time.monotonic()
-        self.seconds, self.output = 0.0, ""
+        self._failures = ["a lane that did not end"]
+        self.output = ""
 
         def target() -> None:
-            self._code = body(self._log)
-            self.seconds = time.monotonic() - self._t0
+            self._failures = body(self._log)
 
         self._thread = threading.Thread(target=target, daemon=True)
         self._thread.start()
 
-    def finish(self) -> int:
+    def finish(self) -> list[str]:
         self._thread.join()
         self._log.seek(0)
         self.output = self._log.read()
         self._log.close()
-        return self._code
+        return self._failures
 
 
-def run_mpi_tier(n: int, env: dict[str, str], extra: list[str]) -> int:
+def run_mpi_tier(n: int, env: dict[str, str], extra: list[str], log: Any = None) -> int:
     from mpinb.client.launch import find_mpiexec, mpi_env
 
     cmd = [
@@ -243,7 +279,8 @@ def run_mpi_tier(n: int, env: dict[str, str], extra: list[str]) -> int:
     ]
     # One thread per rank, given explicitly: the ranks share this machine's cores, and correctness
     # tests gain nothing from more (the launcher sets no budget by itself: the ranks decide).
-    return run(cmd, dict(mpi_env(n, threads_per_rank=1, base=env), MPINB_TEST_TIER="mpi"), TIER_TIMEOUT["mpi"])
+    return run(cmd, dict(mpi_env(n, threads_per_rank=1, base=env), MPINB_TEST_TIER="mpi"), TIER_TIMEOUT["mpi"],
+               log)
 
 
 def tier_unavailable(tier: str) -> str | None:
@@ -255,14 +292,16 @@ def tier_unavailable(tier: str) -> str | None:
     return importlib.import_module(f"support.{module}").unavailable_reason()
 
 
-def run(cmd: list[str], env: dict[str, str], timeout: float, log: Any = None) -> int:
+def run(cmd: list[str], env: dict[str, str], timeout: float, log: Any = None, nice: bool = False) -> int:
     """Run in a new session (output to ``log`` if given); on timeout kill the whole group so no rank survives."""
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, stdout=log,
-                            stderr=None if log is None else subprocess.STDOUT)
+                            stderr=None if log is None else subprocess.STDOUT,
+                            preexec_fn=(lambda: os.nice(19)) if nice else None)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        print(f"[run.py] TIMEOUT after {timeout} s: {' '.join(cmd[:8])} ... killed", flush=True)
+        print(f"[run.py] TIMEOUT after {timeout} s: {' '.join(cmd[:8])} ... killed", file=log or sys.stdout,
+              flush=True)
         return 124
     finally:
         try:
