@@ -89,9 +89,10 @@ def ask_every_engine(client: Any, ids_by_rank: list[int], timeout: float) -> Hea
     return Health(answered=answered, silent=silent, seconds=time.perf_counter() - t0, dead=sorted(dead))
 
 
-def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int]) -> str | None:
+def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_pid: int | None = None) -> str | None:
     """Which rank died first, and how, from the engine launchers' output of ``cluster`` (an
-    ``ipyparallel.Cluster``); ``None`` when they report no death."""
+    ``ipyparallel.Cluster``); ``None`` when they report no death. ``first_pid``: the engine process
+    this host saw end first and alone, if any (:class:`mpinb.client._exits.ExitOrder`)."""
     give_up = time.monotonic() + _DEATH_REPORT_WAIT
     while True:
         text = ""
@@ -104,7 +105,7 @@ def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int]) -> str 
             break
         time.sleep(0.05)
     found = []
-    for engine, pid, how in engine_deaths(text):
+    for engine, pid, how in engine_deaths(text, first_pid):
         rank = ids_by_rank.index(engine) if engine in ids_by_rank else None
         if rank is None and pid in engine_pids:
             rank = engine_pids.index(pid)

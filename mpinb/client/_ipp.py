@@ -275,19 +275,22 @@ class _NoticeRelay:
                 self._seen[engine] = len(lines)
 
 
-# Each engine's nanny logs the moment its engine process ends (the first to log is the rank that
-# died: MPI ends the others after it), and Hydra reports how the job's processes ended.
+# Each engine's nanny logs the moment its engine process ends (the first to log is usually the rank
+# that died: MPI ends the others after it), and Hydra reports how the job's processes ended.
 NANNY_SAW_EXIT = re.compile(r"\[KernelNanny\.(?P<engine>\d+)\] Pipe closed, parent (?P<pid>\d+) has status")
 ENGINE_EXIT = re.compile(r"EXIT STRING: .*\(signal (?P<signal>\d+)\)|EXIT CODE: (?P<code>\d+)")
 
 
-def engine_deaths(text: str) -> list[tuple[int, int, str]]:
-    """``(engine id, pid, how)`` of the engine that died first, from the engine launcher's output."""
+def engine_deaths(text: str, first_pid: int | None = None) -> list[tuple[int, int, str]]:
+    """``(engine id, pid, how)`` of the engine that died first, from the engine launcher's output:
+    the engine of ``first_pid`` when the kernel saw it end first (see ``_exits``), else the first
+    whose nanny logged."""
     import signal as _signal
 
-    first = NANNY_SAW_EXIT.search(text)
-    if first is None:
+    ended = list(NANNY_SAW_EXIT.finditer(text))
+    if not ended:
         return []
+    first = next((m for m in ended if int(m["pid"]) == first_pid), ended[0])
     how = "its process ended"
     for m in ENGINE_EXIT.finditer(text):
         if m["signal"] is not None:

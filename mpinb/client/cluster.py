@@ -10,6 +10,7 @@ import numpy as np
 
 from mpinb import _engine
 from mpinb.client import _health
+from mpinb.client._exits import ExitOrder
 from mpinb.client._health import Health
 from mpinb.client._ipp import activate, group_composite_errors, stamp_cells
 from mpinb.client._lifecycle import Joined, Owned, tracked_pids
@@ -107,6 +108,7 @@ class MPICluster:
         self._ids_by_rank: list[int] = []
         self._engine_pids: list[int] = []
         self._engine_hosts: list[str] = []
+        self._exits: ExitOrder | None = None  # which local engine ended first, once one has
         self._on_start: list[str] = []
         self._path: Owned | Joined = Owned(options)  # connect() makes it Joined
         if start:
@@ -146,6 +148,9 @@ class MPICluster:
         (:meth:`connect`) keeps running: this only disconnects from it.
         """
         self._path.stop(self)
+        if self._exits is not None:
+            self._exits.close()
+            self._exits = None
 
     def restart(self, *, timeout: float | None = None) -> MPICluster:
         """Replace every engine by a fresh MPI world of the same size and wait for the new one. Client.
@@ -187,7 +192,8 @@ class MPICluster:
                                    list(self.cluster.engines.values()))
             if lost is not None:
                 return lost
-        return _health.deaths(self.cluster, self._ids_by_rank, self._engine_pids)
+        first = self._exits.first(self._engine_pids) if self._exits is not None else None
+        return _health.deaths(self.cluster, self._ids_by_rank, self._engine_pids, first)
 
     def on_start(self, code: str) -> None:
         """Run ``code`` on every engine now, and again on the fresh engines after every :meth:`restart`. Client.
@@ -322,6 +328,9 @@ class MPICluster:
         self._ids_by_rank = [eid for eid, _ in sorted(by_eid.items(), key=lambda item: item[1]["rank"])]
         self._engine_pids = [by_eid[eid]["pid"] for eid in self._ids_by_rank]
         self._engine_hosts = [by_eid[eid]["host"] for eid in self._ids_by_rank]
+        if self._exits is None:
+            self._exits = ExitOrder()
+        self._exits.watch(self._local_engine_pids)
         remember_ranks(self._ids_by_rank, self.deaths)
         group_composite_errors()  # view.execute's errors too, not only %%px's, by rank
         stamp_cells(self.client)  # every engine learns which cell a request belongs to

@@ -258,6 +258,9 @@ def test_the_first_engine_to_end_is_the_one_named_with_mpis_signal() -> None:
     assert engine_deaths(log) == [(3, 4712, "SIGKILL")]
     assert engine_deaths(log.split("=")[0]) == [(3, 4712, "its process ended")]
     assert engine_deaths("nothing died") == []
+    # The kernel's order, where this host saw it, outranks the nannies' (they race on a loaded host).
+    assert engine_deaths(log, first_pid=4711) == [(0, 4711, "SIGKILL")]
+    assert engine_deaths(log, first_pid=999) == [(3, 4712, "SIGKILL")]
 
 
 def test_an_interrupt_while_ipython_shows_a_cells_error_keeps_that_error(capsys) -> None:

@@ -1,0 +1,101 @@
+"""The order in which this machine's engine processes end, as the kernel tells it.
+
+Client. When one rank dies, MPI's launcher kills the others a moment later, and each engine's
+nanny logs its engine's end; but the nannies are separate processes, and on a loaded host the
+nanny of a rank that MPI killed can log before the nanny of the rank that died first (CI: a
+SIGKILLed rank 1 was reported as rank 0). A pidfd becomes readable the moment its process has
+ended, so one thread blocked in ``poll`` on every engine's pidfd sees the first death alone:
+the others end only after the launcher noticed it, sent its signals and the kernel tore down
+their memory. A wake-up that finds several ended at once proves nothing, and says so (None).
+
+Linux only (``os.pidfd_open``); elsewhere, and for engines on other hosts, nothing is known and
+:func:`mpinb.client._health.deaths` falls back on the nannies' order.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+from collections.abc import Iterable
+
+__all__ = ["ExitOrder"]
+
+
+class ExitOrder:
+    """Watch PIDs of this host; :meth:`first` is the one that ended alone before any other."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fds: dict[int, int] = {}  # pidfd -> pid
+        self._rounds: list[set[int]] = []  # the PIDs found ended at each wake-up, in order
+        self._wake_r, self._wake_w = os.pipe()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def watch(self, pids: Iterable[int]) -> None:
+        """Watch ``pids`` too (processes of this host; one already gone is skipped)."""
+        opened = {}
+        for pid in pids:
+            try:
+                opened[os.pidfd_open(pid)] = pid
+            except (AttributeError, OSError):  # no pidfds here, or the process has ended already
+                continue
+        if not opened:
+            return
+        with self._lock:
+            if self._closed:
+                for fd in opened:
+                    os.close(fd)
+                return
+            self._fds.update(opened)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mpinb-exit-order", daemon=True)
+                self._thread.start()
+        os.write(self._wake_w, b"w")
+
+    def first(self, pids: Iterable[int]) -> int | None:
+        """The one of ``pids`` that ended first and alone; None if none ended, or several at once."""
+        wanted = set(pids)
+        with self._lock:
+            for ended in self._rounds:
+                mine = ended & wanted
+                if mine:
+                    return next(iter(mine)) if len(mine) == 1 else None
+        return None
+
+    def close(self) -> None:
+        """Stop watching; the thread ends and every descriptor is closed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        os.write(self._wake_w, b"q")
+        if thread is not None:
+            thread.join(timeout=5)
+        with self._lock:
+            for fd in self._fds:
+                os.close(fd)
+            self._fds.clear()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _run(self) -> None:
+        while True:
+            poller = select.poll()
+            poller.register(self._wake_r, select.POLLIN)
+            with self._lock:
+                for fd in self._fds:
+                    poller.register(fd, select.POLLIN)
+            events = poller.poll()  # only what has ended by now: nothing of Python runs in between
+            with self._lock:
+                ended = {self._fds.pop(fd) for fd, _ in events if fd in self._fds}
+                for fd, _ in events:
+                    if fd != self._wake_r and fd not in self._fds:
+                        os.close(fd)
+                if ended:
+                    self._rounds.append(ended)
+                if any(fd == self._wake_r for fd, _ in events):
+                    if os.read(self._wake_r, 64).endswith(b"q") or self._closed:
+                        return

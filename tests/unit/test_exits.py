@@ -1,0 +1,81 @@
+"""The order in which watched processes end, as pidfds tell it (mpinb/client/_exits.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mpinb.client._exits import ExitOrder
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds are Linux's")
+
+
+def _sleepers(n: int) -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(n)]
+
+
+def _until(check, seconds: float = 10.0):  # noqa: ANN001, ANN202
+    give_up = time.monotonic() + seconds
+    while time.monotonic() < give_up:
+        found = check()
+        if found is not None:
+            return found
+        time.sleep(0.01)
+    return None
+
+
+def test_the_process_that_ended_alone_first_is_named_whatever_ends_after() -> None:
+    procs = _sleepers(3)
+    exits = ExitOrder()
+    try:
+        pids = [p.pid for p in procs]
+        exits.watch(pids)
+        assert exits.first(pids) is None
+        procs[1].send_signal(signal.SIGKILL)
+        assert _until(lambda: exits.first(pids)) == pids[1]
+        for p in procs:
+            p.kill()
+            p.wait()
+        time.sleep(0.1)
+        assert exits.first(pids) == pids[1]
+    finally:
+        exits.close()
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_processes_found_ended_together_name_no_one() -> None:
+    procs = _sleepers(2)
+    exits = ExitOrder()
+    try:
+        for p in procs:  # both end (unreaped) before anything watches them
+            p.send_signal(signal.SIGKILL)
+        time.sleep(0.3)
+        pids = [p.pid for p in procs]
+        exits.watch(pids)
+        assert _until(lambda: exits._rounds or None) == [set(pids)]  # seen, in one wake-up
+        assert exits.first(pids) is None
+    finally:
+        exits.close()
+        for p in procs:
+            p.wait()
+
+
+def test_close_ends_the_thread_and_a_gone_process_is_skipped() -> None:
+    exits = ExitOrder()
+    exits.watch([2**22 + 12345])  # no such PID: nothing to watch, no thread
+    assert exits._thread is None
+    procs = _sleepers(1)
+    exits.watch([procs[0].pid])
+    thread = exits._thread
+    assert thread is not None and thread.is_alive()
+    exits.close()
+    assert not thread.is_alive()
+    procs[0].kill()
+    procs[0].wait()
