@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from mpinb.client._ipp import engine_uuids
+from mpinb.client._launcher_output import has_ended, last_lines, output_of, tail
 from mpinb.client._processes import (
     descendants,
     end,
@@ -217,8 +218,17 @@ def wait_for_new_engines(mc: ClusterHandle, old: set[Any], timeout: float | None
         if len(new) >= mc.n:
             return sorted(new)
         slurm = mc._path.slurm
-        if slurm is not None and (why := slurm.failure(list(mc.cluster.engines.values()))):
+        launchers = list(mc.cluster.engines.values())
+        if slurm is not None and (why := slurm.failure(launchers)):
             raise RuntimeError(why)
+        if slurm is None and (ended := [launcher for launcher in launchers if has_ended(launcher)]):
+            # An engine that gives up on registering (a controller slow to answer) ends, and its
+            # mpiexec with it: waiting on would only end in the timeout, without the reason.
+            raise RuntimeError(
+                f"the engines' mpiexec ended before {mc.n - len(new)} of {mc.n} engines registered: "
+                f"{' | '.join(tail(output_of(launcher), 8) for launcher in ended).strip(' |') or 'no output'}; "
+                "check `mpinb info`."
+            )
         queued = slurm.queued() if slurm is not None else None
         if slurm is not None and queued and not said_queued:
             said_queued = True  # once: Slurm may keep a job queued for hours, and the wait is bounded
@@ -230,10 +240,11 @@ def wait_for_new_engines(mc: ClusterHandle, old: set[Any], timeout: float | None
                     f"Slurm job {slurm.job} was still queued after {limit:.0f} s: {queued}; it is cancelled. "
                     "MPICluster(..., timeout=...) or restart(timeout=...) waits longer; `sinfo` shows the nodes."
                 )
-            said = "" if slurm is None else f" {slurm.pending(list(mc.cluster.engines.values()))};"
+            # The profile's logs go with the cluster (they are its owner's alone): quote them here.
+            said = f" mpiexec says: {last_lines(launchers, 8)};" if slurm is None else f" {slurm.pending(launchers)};"
             raise TimeoutError(
                 f"only {len(new)} of {mc.n} MPI engines registered within {limit:.0f} s;{said} "
-                "check `mpinb info` and the engines' log in the profile directory."
+                "check `mpinb info`."
             )
         time.sleep(0.05)
 

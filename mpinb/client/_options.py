@@ -120,6 +120,7 @@ class LaunchOptions:
         engine_env = {**mpi_env(n, threads_per_rank=self.threads_per_rank, base={}), "PYTHONUNBUFFERED": "1",
                       **(_LOOPBACK if self.on_this_machine else {}), **({"TMPDIR": tmpdir} if tmpdir else {}),
                       **self.env}
+        launch: dict[str, dict[str, Any]]
         engines, launch, controller_ip = "mpi", {
             "MPILauncher": {"mpi_cmd": [find_mpiexec()], "mpi_args": list(self.mpi_args)},
             "MPIEngineSetLauncher": {"environment": engine_env,
@@ -127,6 +128,12 @@ class LaunchOptions:
         }, self.controller_ip or "127.0.0.1"
         if slurm is not None:  # a Slurm job or step instead: mpinb.client.slurm decides how
             (engines, launch), controller_ip = slurm.settings(), slurm.controller_ip(self.controller_ip)
+        # ipyparallel's engine gives up registering after 5 s, and its mpiexec ends with it: a
+        # loaded host's controller can take longer to answer (CI: 0 of 2 engines ever registered).
+        # An engine waits as long as MPICluster waits for it.
+        for name, settings in launch.items():
+            if name.endswith("EngineSetLauncher"):
+                settings["engine_args"] = [*settings.get("engine_args", ()), f"--IPEngine.timeout={self.timeout:g}"]
         kwargs = dict(self.cluster_kwargs)
         # CURVE on every connection: a process without the controller's public key (it is in the
         # owner-only connection files) completes no handshake, so another account on this host or

@@ -22,6 +22,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mpinb.client._launcher_output import has_ended, last_lines, output_of, tail
+
 __all__ = ["PMI_PREFERENCE", "SlurmEngines", "choose_pmi", "in_allocation", "parse_mpi_list", "reaching_address"]
 
 # MPICH (the mpich wheel) speaks PMI-2 itself; PMIx only when built with it, and Slurm's pmix
@@ -233,13 +235,13 @@ class SlurmEngines:
             return None
         self._next_look = now + _LOOK_EVERY
         if self.inside:
-            ended = [launcher for launcher in launchers if _has_ended(launcher)]
+            ended = [launcher for launcher in launchers if has_ended(launcher)]
         else:
             self.job = next(filter(None, (getattr(launcher, "job_id", "") for launcher in launchers)), self.job)
             ended = list(launchers) if self.job and not self._running() else []
         if not ended:
             return None
-        output = " | ".join(_tail(_output_of(launcher)) for launcher in ended).strip(" |")
+        output = " | ".join(tail(output_of(launcher)) for launcher in ended).strip(" |")
         what = "srun" if self.inside else f"batch job {self.job}"
         return (f"the engines' {what} ended before they registered (--mpi={self.pmi}; `srun --mpi=list` shows "
                 f"what this Slurm offers, launcher_args=['--mpi=NAME'] picks one): {output or 'no output'}")
@@ -262,7 +264,7 @@ class SlurmEngines:
             if name in nodes and not faults.slurmd_answers(address or name, port):
                 lost[name] = _STATE_WORDS.get(state.rstrip("*~#!%$@^-"), state) + (
                     ", not responding" if state.endswith("*") else "")
-        text = " ".join(_output_of(launcher) for launcher in launchers)
+        text = " ".join(output_of(launcher) for launcher in launchers)
         found = faults.NodeLoss(lost=lost, exits=faults.parse_srun_exits(text), registered=list(registered))
         return faults.describe_node_loss(found, hosts, self.job)
 
@@ -286,8 +288,7 @@ class SlurmEngines:
                 steps = ""
             listed = "; ".join(line.strip() for line in steps.splitlines() if line.strip()) or "none"
             said.append(f"Slurm lists these steps of job {self.job}: {listed}")
-        output = " | ".join(_tail(_read_output(getattr(launcher, "output_file", None))) for launcher in launchers)
-        said.append(f"srun says: {output.strip(' |') or 'nothing'}")
+        said.append(f"srun says: {last_lines(launchers)}")
         return "; ".join(said)
 
     def describe(self) -> str:
@@ -369,44 +370,6 @@ class SlurmEngines:
                 "scancel, squeue, sinfo) on this machine, as on a login node."
             )
         return found
-
-
-def _has_ended(launcher: Any) -> bool:
-    """Whether ``launcher``'s srun ended. ipyparallel reads the output of an ended launcher as UTF-8
-    and raises on other bytes (a dying engine's or MPI's): the srun ended all the same, and its
-    output is read here, undecodable bytes replaced."""
-    poll = getattr(launcher, "poll", None)
-    if poll is None:
-        return False
-    try:
-        return poll() is not None
-    except UnicodeDecodeError:
-        launcher._output = _read_output(getattr(launcher, "output_file", None))
-        return True
-
-
-def _read_output(path: str | None) -> str:
-    if not path:
-        return ""
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def _output_of(launcher: Any) -> str:
-    try:
-        return launcher.get_output(remove=False) or ""
-    except UnicodeDecodeError:
-        return _read_output(getattr(launcher, "output_file", None))
-    except Exception:  # noqa: BLE001 - no output file (yet)
-        return ""
-
-
-def _tail(text: str, lines: int = 4) -> str:
-    kept = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return " | ".join(kept[-lines:])[-600:]
 
 
 def _slurm_ids() -> dict[str, str]:

@@ -8,7 +8,7 @@ that every seeded bug (:mod:`mutants`) is caught. It ends with one line:
 
 ``MPINB_MODEL_SCHEDULES`` scales the search (default 100,000 schedules asked for: the exhaustive
 searches end early where a small world has fewer orderings); the work is spread over a process per
-core. A whole-suite run (``python3 tests/run.py``) asks for 20,000, to keep the suite within its 15
+core. A whole-suite run (``python3 tests/run.py``) asks for 12,000, to keep the suite within its 15
 minutes on two cores; every mutant is sought either way.
 """
 

@@ -85,3 +85,12 @@ def test_a_one_machine_cluster_starts_its_engines_filtered_from_their_first_line
     assert child.stdout.strip(), child.stderr  # ipyparallel's engine ran after the filter
     assert on_loopback
     assert not any(elsewhere)
+
+
+def test_engines_wait_to_register_as_long_as_the_cluster_waits_for_them() -> None:
+    """ipyparallel's engines give up registering after 5 s (and their mpiexec ends): a loaded
+    host's controller can be slower, so they are given the cluster's own timeout."""
+    from mpinb.client._options import LaunchOptions
+
+    config = LaunchOptions(timeout=75.0).make_cluster(2).config
+    assert "--IPEngine.timeout=75" in config.MPIEngineSetLauncher.engine_args

@@ -159,3 +159,36 @@ def test_engines_that_never_register_are_reported_with_the_jobs_steps_and_srun_s
     assert "steps of job 7: 7.0 host[1-2]; 7.1 host[1-2]" in said
     assert said.endswith("srun says: srun: Job 7 step creation temporarily disabled, retrying "
                          "(Requested nodes are busy)")
+
+
+def test_engines_that_never_register_under_mpiexec_are_reported_with_its_last_lines(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from mpinb.client import _lifecycle
+
+    out = tmp_path / "mpiexec.log"
+    out.write_bytes(b"2026-12-06 engine starting\n\n[IPEngine] Registration timed out after 120.0 seconds\xff\n")
+    client = SimpleNamespace(ids=[], _engines={})
+    mc = SimpleNamespace(n=2, timeout=0.0, client=client, _path=SimpleNamespace(slurm=None),
+                         cluster=SimpleNamespace(engines={"a": SimpleNamespace(output_file=str(out)),
+                                                          "b": SimpleNamespace(output_file=None)}))
+    with pytest.raises(TimeoutError) as info:
+        _lifecycle.wait_for_new_engines(mc, set())
+    said = str(info.value)
+    assert said.startswith("only 0 of 2 MPI engines registered within 0 s; mpiexec says: 2026-12-06 engine starting | "
+                           "[IPEngine] Registration timed out after 120.0 seconds\ufffd;"), said
+
+
+def test_engines_whose_mpiexec_ended_are_reported_at_once_with_its_output() -> None:
+    from types import SimpleNamespace
+
+    from mpinb.client import _lifecycle
+
+    launcher = SimpleNamespace(poll=lambda: 1, get_output=lambda remove=False: (
+        "[IPEngine] Registration timed out after 5.0 seconds\n[IPEngine] engine exiting\n"))
+    # An hour's timeout: only the ended mpiexec can end this wait (else the test's own timeout fails it).
+    mc = SimpleNamespace(n=2, timeout=3600.0, client=SimpleNamespace(ids=[], _engines={}),
+                         _path=SimpleNamespace(slurm=None), cluster=SimpleNamespace(engines={"a": launcher}))
+    with pytest.raises(RuntimeError, match=r"the engines' mpiexec ended before 2 of 2 engines registered: "
+                                           r"\[IPEngine\] Registration timed out after 5.0 seconds \| "):
+        _lifecycle.wait_for_new_engines(mc, set())
