@@ -80,8 +80,10 @@ def world(comm: Any = None, *, timeout: Any = DEFAULT) -> World:
     Examples
     --------
     >>> w = mpinb.world()
-    >>> w.rank, w.size, w.local_size
+    >>> w.rank, w.size, w.local_size   # on rank 0 of four ranks on one host  # doctest: +SKIP
     (0, 4, 4)
+    >>> 0 <= w.rank < w.size and w.is_root == (w.rank == 0)
+    True
     """
     chan = _collective.channel(comm)
     chan.ensure_ready(timeout)

@@ -180,7 +180,7 @@ def make_classification(
     Examples
     --------
     >>> X_local, y_local = mpinb.data.make_classification(100_000, n_features=20)
-    >>> model.fit(X_local, y_local, epochs=5)   # with mpinb.keras's distributed optimizer
+    >>> model.fit(X_local, y_local, epochs=5)   # with mpinb.keras's distributed optimizer  # doctest: +SKIP
     """
     n_samples = check_int(n_samples, "n_samples", minimum=0)
     n_features = check_int(n_features, "n_features", minimum=1)

@@ -30,7 +30,7 @@ ODD_WORLD_FILES = {"test_agreement.py", "test_cells.py", "test_comm.py", "test_d
 # training, the data and the collectives' values) run; the protocol's files ran at 1-3 ranks, and its
 # orderings at every size are the model tier's. The rows-weighted Keras cases (uneven and empty
 # shards against one process on the union) run at 1 and 2 ranks: their subject is the shard's size.
-FOUR_RANK_FILES = {"test_comm.py", "test_data.py", "test_keras.py", "test_kmeans.py",
+FOUR_RANK_FILES = {"test_comm.py", "test_data.py", "test_doctests.py", "test_keras.py", "test_kmeans.py",
                    "test_minibatch.py", "test_pca.py", "test_scaler.py", "test_shards.py"}
 
 
