@@ -12,7 +12,10 @@ every piece interleaved with the others in each repeat (the machine's speed drif
 - ``hop``       a traced step calling ``tf.numpy_function`` on the gradients with no exchange: the
                 TensorFlow-to-NumPy crossing and back;
 - ``tf``        a traced step calling ``TensorExchange.average``: what a training step pays;
-- ``call``      a traced function calling an empty ``tf.numpy_function``: the fixed cost of a call.
+- ``call``      a traced function calling an empty ``tf.numpy_function``: the fixed cost of a call;
+- ``traced``    a traced function taking the gradients and reading one element, without any
+                ``numpy_function``: what calling a step costs anyway, so ``tf - traced`` is the
+                exchange's own share of a step.
 
 The traced functions read one element of their results, so a step's own use of the gradients is
 not counted.
@@ -80,6 +83,10 @@ def worker(out: str, repeats: int) -> None:
         return ex.average(list(ts))[0][0, 0]
 
     @tf.function
+    def traced(*ts):
+        return ts[0][0, 0]
+
+    @tf.function
     def empty():
         return tf.numpy_function(lambda: np.float32(0), [], tf.float32, stateful=True)
 
@@ -90,6 +97,7 @@ def worker(out: str, repeats: int) -> None:
         "hop": lambda: hop(*tensors).numpy(),
         "tf": lambda: exchange(*tensors).numpy(),
         "call": lambda: empty().numpy(),
+        "traced": lambda: traced(*tensors).numpy(),
     }
     times: dict[str, list[float]] = {k: [] for k in pieces}
     for k in pieces:  # warm-up: traces, buffers, MPI's first touch of the memory
@@ -111,6 +119,7 @@ def worker(out: str, repeats: int) -> None:
             "ranks": comm.Get_size(), "bytes": int(packed.nbytes), "repeats": repeats,
             "median_ms": {k: round(v * 1e3, 4) for k, v in med.items()},
             "ratio_to_plain": {k: round(v / med["plain"], 3) for k, v in med.items()},
+            "exchange_in_step_ratio": round((med["tf"] - med["traced"]) / med["plain"], 3),
         }))
 
 
