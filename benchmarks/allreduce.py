@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -50,6 +49,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _machine import write_report
 
 N_ARRAYS = 50
 DTYPE = np.float32
@@ -234,9 +234,7 @@ def main() -> None:
     from mpinb.client.launch import run_mpi
 
     t_start = time.perf_counter()
-    report: dict = {"benchmark": "allreduce", "machine": platform.node(), "cpus": len(os.sched_getaffinity(0)),
-                    "python": platform.python_version(), "numpy": np.__version__, "quick": args.quick,
-                    "runs": []}
+    report: dict = {"benchmark": "allreduce", "quick": args.quick, "runs": []}
     for n in (int(s) for s in args.np.split(",")):
         with tempfile.TemporaryDirectory(prefix="mpinb-bench-") as tmp:
             part = Path(tmp) / "part.json"
@@ -248,7 +246,7 @@ def main() -> None:
     report["targets"] = check_targets(report)
     report["seconds"] = round(time.perf_counter() - t_start, 1)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_report(out, report)
 
     for run in report["runs"]:
         print(f"\n{run['ranks']} ranks, memcpy {run['memcpy_GBps']:.2f} GB/s (medians of interleaved repetitions, ms)")

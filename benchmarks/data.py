@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+from _machine import write_report
 
 HERE = Path(__file__).resolve().parent
 COLS = 50
@@ -72,11 +72,10 @@ def main() -> int:
         "benchmark": "mpinb.data memory per rank",
         "file_mb": rows * COLS * 8 / 1e6,
         "shape": [rows, COLS],
-        "machine": {"python": platform.python_version(), "numpy": np.__version__, "cpus": _cpus()},
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     print(f"wrote {args.out}")
     return 0
 

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -38,19 +36,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _machine import write_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "keras_exchange.json"
 SHAPES = [(784, 512), (512,), (512, 512), (512,), (512, 10), (10,)]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def worker(out: str, repeats: int) -> None:
@@ -145,12 +134,9 @@ def main() -> None:
         if proc.returncode != 0:
             sys.exit(f"benchmark failed (exit {proc.returncode})")
         run = json.loads(part.read_text())
-    report = {"benchmark": "keras_exchange", "machine": platform.node(), "cpu_model": cpu_model(),
-              "cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(), "quick": args.quick,
+    report = {"benchmark": "keras_exchange", "quick": args.quick,
               "run": run, "target": "tf / plain <= 1.5"}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(report, indent=1))
+    print(json.dumps(write_report(out, report, indent=1), indent=1))
 
 
 if __name__ == "__main__":

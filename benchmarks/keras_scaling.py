@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -59,6 +58,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _machine import write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -318,10 +318,6 @@ def _print_rows(rows: list[dict]) -> None:
               f"({100 * r['transfer_fraction']:.1f}%)")
 
 
-def _machine() -> dict:
-    return {"cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0], "platform": platform.platform()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="scaling", help=f"comma-separated, of: {', '.join(CASES)}")
@@ -383,7 +379,6 @@ def main() -> None:
         report = {
             "benchmark": "keras_scaling",
             "model": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}, SGD momentum, synthetic rows",
-            "machine": _machine(),
             "settings": {"quick": q, "rounds": scaling["rounds"], "repeats": scaling["repeats"],
                          "steps_per_epoch": steps, "average_every": AVERAGE_EVERY,
                          "seconds": round(time.perf_counter() - t_start)},
@@ -404,7 +399,6 @@ def main() -> None:
         report = {
             "benchmark": "keras_scaling, busy background process",
             "model": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}, SGD momentum, synthetic rows",
-            "machine": _machine(),
             "settings": {"quick": q, "global_batch": int(BUSY["batches"]),
                          "steps_per_execution": int(BUSY["executions"]), "mode_at_2_ranks": BUSY["modes"],
                          "layouts": BUSY["layouts"], "rounds": busy["rounds"],
@@ -423,7 +417,7 @@ def main() -> None:
 
 def _write(path: Path, report: dict, note: str = "") -> None:
     """Write one case's JSON and print its ratios and rows."""
-    path.write_text(json.dumps(report, indent=1))
+    write_report(path, report, indent=1)
     print(json.dumps(report["ratios"], indent=1))
     _print_rows(report["results"])
     if note:

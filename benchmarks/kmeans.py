@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _machine import write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -317,7 +318,7 @@ def scaling_case(args: argparse.Namespace, out: Path) -> None:
         else:
             report["memory_k64"] = {"error": proc.stdout[-2000:]}
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_report(out, report)
     print(json.dumps(report, indent=2))
     print(f"wrote {out}")
 
@@ -355,7 +356,7 @@ def busy_case(args: argparse.Namespace, out: Path) -> None:
         "seconds": round(time.perf_counter() - t0, 1),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_report(out, report)
     for state in ("idle", "busy"):
         r = summary[state]
         print(f"2 ranks {state:4s}: {r['wall_ms_per_iter']:8.2f} ms/iteration (median of {r['fits']} fits), "
@@ -431,7 +432,7 @@ def first_case(args: argparse.Namespace, out: Path) -> None:
                   f"({entry['first_fit_vs_sklearn_first_fit']:.2f}x scikit-learn's), second "
                   f"{entry['second_fit_s'] * 1e3:7.1f} ms, numba loaded: {entry['numba_loaded']}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_report(out, report)
     print(f"wrote {out}")
 
 
@@ -482,7 +483,7 @@ def single_case(args: argparse.Namespace, out: Path) -> None:
                       f"per iteration", flush=True)
                 del X
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_report(out, report)
     print(f"wrote {out}")
 
 
@@ -534,7 +535,7 @@ def kmeanspp_case(args: argparse.Namespace, out: Path) -> None:
     report["ratio_wall"] = report["mpinb_kmeans_plusplus"]["wall_s"] / report["sklearn_kmeans_plusplus"]["wall_s"]
     report["ratio_cpu"] = report["mpinb_kmeans_plusplus"]["cpu_s"] / report["sklearn_kmeans_plusplus"]["cpu_s"]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_report(out, report)
     print(f"k-means++ {n:,} x {D}, k={K}: wall {report['ratio_wall']:.3f}x, CPU {report['ratio_cpu']:.3f}x "
           f"scikit-learn's; same centres: {report['same_centres_as_sklearn_every_round']}")
     print(f"wrote {out}")

@@ -35,6 +35,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from _machine import write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 0.2  # rank 0's deadline in the recovery trial
@@ -189,7 +190,7 @@ def main() -> None:
                   f"late {r['late_rank_raised_after_entering_ms_median']:.1f} ms, "
                   f"next {r['next_collective_ms_median']:.1f} ms, notes {r['notes_per_revocation']}, busiest "
                   f"{r['notes_sent_by_busiest_rank']}", flush=True)
-    out.write_text(json.dumps(report, indent=1))
+    write_report(out, report, indent=1)
     print(f"wrote {out}")
 
 

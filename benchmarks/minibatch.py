@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _machine import write_report
 
 # The same data as kmeans.py. This runs as a script (mpiexec's workers too), so its own folder,
 # benchmarks/, is first on sys.path already.
@@ -220,7 +221,7 @@ def main() -> None:
     }
     out = out_dir / "minibatch.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_report(out, report)
     for label, table in summary.items():
         km = table["kmeans"]
         print(f"{label}: KMeans {km['wall_s_median']:.2f} s (median), inertia {km['inertia_median']:.6e}, "

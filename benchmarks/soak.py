@@ -83,7 +83,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "soak.json"))
     args = parser.parse_args()
     result = soak(args.fits, args.np)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    # Imported here: tests/cluster/test_soak.py loads this file for soak() without benchmarks/ on the path.
+    from _machine import write_report
+
+    write_report(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, list)}, indent=1))
 
 

@@ -26,6 +26,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from _machine import write_report
+
 ROOT = Path(__file__).resolve().parent.parent
 _DURATION = re.compile(r"^\s*([\d.]+)s (?:setup|call|teardown)\s+(\S+?)::")
 _SUMMARY = re.compile(r"(\d+) passed")
@@ -76,7 +78,7 @@ def main() -> int:
               "cpus": os.cpu_count(), "load_1min_at_end": os.getloadavg()[0], "runs": runs, "median": summary,
               "after_over_before": ratio}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_report(args.out, result, indent=1)
     print(json.dumps({"median": summary, "after_over_before": ratio}, indent=1))
     return 0 if all(r["exit"] == 0 for rows in runs.values() for r in rows) else 1
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _machine import write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(ROOT / "benchmarks"))  # _busy
@@ -161,7 +162,7 @@ def main() -> None:
             "busy_process_cpu_share": data["busy_process_cpu_share"],
             "samples": data["samples"],
         }
-    out.write_text(json.dumps(report, indent=1))
+    write_report(out, report, indent=1)
     print(f"wrote {out}")
 
 

@@ -10,7 +10,10 @@ from typing import Any
 
 __all__ = ["all_pages"]
 
-_MACHINE_KEYS = ("machine", "cpu_model", "cpus", "cores", "python", "numpy", "mpi_library")
+# In the order a reader compares machines by; benchmarks/_machine.py writes them under "machine",
+# older result files wrote some at the top level or under "setup".
+_MACHINE_KEYS = ("cpu_model", "isa", "cores", "logical_cpus", "cpus", "memory_gib", "blas", "mpi_library",
+                 "python", "numpy", "node", "machine")
 
 
 def all_pages(root: Path, out: Path) -> None:
@@ -52,7 +55,7 @@ def _benchmarks(root: Path) -> str:
         if rows:
             parts.append(_table(rows))
         else:
-            parts.append(_table([_flat(data)]))
+            parts.append(_table([_flat({k: v for k, v in data.items() if k != "machine"})]))
     return "\n".join(parts)
 
 
@@ -62,12 +65,16 @@ def _docstring(script: Path) -> str:
 
 
 def _machine(data: dict[str, Any]) -> str:
-    found = {}
-    for source in (data, data.get("setup") if isinstance(data.get("setup"), dict) else {}):
+    found: dict[str, Any] = {}
+    sources = [data.get(key) for key in ("machine", "setup")] + [data]
+    for source in (s for s in sources if isinstance(s, dict)):
         for key in _MACHINE_KEYS:
-            if key in source and not isinstance(source[key], (dict, list)):
-                found[key] = source[key]
-    return ", ".join(f"{k} {v}" for k, v in found.items())
+            value = source.get(key)
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                value = " ".join(value) or None
+            if key not in found and value is not None and not isinstance(value, (dict, list)):
+                found[key] = value
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in found.items())
 
 
 def _rows(data: dict[str, Any]) -> list[dict[str, Any]]:
