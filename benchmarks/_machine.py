@@ -3,7 +3,7 @@
 ``write_report(path, report)`` adds ``"machine"`` -- the host name, the CPU model, the vector
 instruction sets that decide a kernel's speed (SSE4.2, AVX, AVX2, FMA, AVX-512's subsets, AMX),
 the cores this process may use and the machine's logical CPUs, memory, Python, NumPy and its BLAS,
-and the MPI library -- and writes the JSON. Benchmarks import it as a sibling module.
+and the MPI library and the GPUs -- and writes the JSON. Benchmarks import it as a sibling module.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ def describe() -> dict[str, Any]:
     info: dict[str, Any] = {"node": platform.node(), "cpu_model": _cpu_model(), "isa": _isa(),
                             "cores": len(usable), "logical_cpus": os.cpu_count(), "memory_gib": _memory_gib(),
                             "python": platform.python_version(), "numpy": np.__version__, "blas": _blas(),
-                            "mpi_library": _mpi_library()}
+                            "mpi_library": _mpi_library(), "gpus": _gpus()}
     return info
 
 
@@ -82,6 +84,18 @@ def _blas() -> str:
     found = [f"{p.get('internal_api')} {p.get('version')} ({p.get('architecture')})" for p in threadpool_info()
              if p.get("user_api") == "blas"]
     return "; ".join(sorted(set(found))) or "unknown"
+
+
+def _gpus() -> list[str]:
+    """The NVIDIA GPUs the driver lists (``nvidia-smi -L``); none where there is no driver."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        text = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.split(" (UUID")[0].strip() for line in text.splitlines() if line.startswith("GPU ")]
 
 
 def _mpi_library() -> str:

@@ -25,7 +25,9 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
 - ``notebooks``  the tutorial notebooks executed on real clusters, with assertions on their values;
 - ``browser``    a tutorial notebook run to the end in JupyterLab in headless Chromium;
 - ``docs``       ``sphinx-build -W --keep-going -n`` of ``docs/`` (no warning, every reference resolved,
-                 notebooks not executed), then the index, an API page and a tutorial opened in Chromium.
+                 notebooks not executed), then the index, an API page and a tutorial opened in Chromium;
+- ``gpu``        ``tests/gpu`` at 1 rank on the GPU, then at 2 ranks sharing it (each with a memory
+                 limit); skips in one line where the machine has no NVIDIA GPU.
 
 Tiers that leave cores idle run side by side (:data:`PLAN`). Afterwards it checks that no process
 started by the tests is still running, and prints one closing line ``N passed, N failed, N skipped``.
@@ -52,14 +54,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
-TIERS = ("unit", "model", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser", "docs")
+TIERS = ("unit", "model", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser", "docs", "gpu")
 MPI_SIZES = (1, 2, 3, 4)
 SUITE_SCHEDULES = 12_000  # the model tier's schedules in a whole-suite run (see main)
 # Hard limits: a hung collective ends the run instead of eating CI's budget (each test also has its
 # own PER_TEST_TIMEOUT). The 4-rank MPI tier takes about 470 s on an idle 2-core machine and the
 # cluster tier about 470 s, so 600 s left no room for a slower CI host: they get 900 s.
 TIER_TIMEOUT = {"unit": 600, "model": 600, "mpi": 900, "cluster": 900, "multihost": 300, "slurm": 300, "notebooks": 900,
-                "browser": 300, "docs": 300}
+                "browser": 300, "docs": 300, "gpu": 600}
 PER_TEST_TIMEOUT = 180
 # The whole suite's plan on CI's two cores: stages one after another, the lanes of a stage side by
 # side, each lane's jobs in order. The cores' use was measured per tier (the closing line of each
@@ -75,8 +77,10 @@ PLAN: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("mpi:1",), ("unit",)),
     (("mpi:2", "mpi:3", "mpi:4"),),
     (("cluster:0",), ("cluster:1",), ("model", "notebooks"), ("multihost", "slurm")),
-    (("browser",), ("docs",)),
+    (("browser",), ("docs", "gpu")),
 )
+# The gpu tier's second run: two ranks sharing the one GPU, each capped (MiB).
+GPU_SHARED_LIMIT_MB = "4000"
 # The cluster tier's first shard (the rest is the second): about half of its time each.
 CLUSTER_FIRST_SHARD = ("test_cells.py", "test_reliability.py", "test_scale.py", "test_recovery.py",
                        "test_private.py")
@@ -217,7 +221,7 @@ def run_lane(lane: list[str], env: dict[str, str], extra: list[str], reports: Pa
     for job in lane:
         tier, _, part = job.partition(":")
         name = f"mpi at {part} rank(s)" if tier == "mpi" else job
-        if tier in ("multihost", "slurm") and (reason := tier_unavailable(tier)):
+        if tier in ("multihost", "slurm", "gpu") and (reason := tier_unavailable(tier)):
             # One line, and one skip in the closing count, instead of a column of skipped tests.
             print(f"[run.py] tier {tier}: skipped, {reason}", file=out, flush=True)
             skip = {"name": tier, "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
@@ -232,6 +236,8 @@ def run_lane(lane: list[str], env: dict[str, str], extra: list[str], reports: Pa
             code = run_mpi_tier(int(part), env, extra, log)
         elif tier == "cluster":
             code = run_tier(tier, env, extra, log, files=cluster_shard(int(part)), report=f"cluster-{part}")
+        elif tier == "gpu":
+            code = run_gpu_tier(env, extra, log)
         else:
             code = run_tier(tier, env, extra, log, nice=tier == "model")
         print(f"[run.py] tier {name}: exit {code} in {time.monotonic() - t0:.0f} s{busy_since(cpu0)}", file=out,
@@ -284,9 +290,29 @@ def run_mpi_tier(n: int, env: dict[str, str], extra: list[str], log: Any = None)
                log)
 
 
+def run_gpu_tier(env: dict[str, str], extra: list[str], log: Any = None) -> int:
+    """tests/gpu at 1 rank on the GPU, then at 2 ranks sharing it (each with a memory limit)."""
+    from mpinb.client.launch import find_mpiexec, mpi_env
+
+    pytest = ["-m", "pytest", str(ROOT / "tests" / "gpu"), "-q", f"--timeout={PER_TEST_TIMEOUT}", DURATIONS]
+    gpu_env = dict(env, MPINB_TEST_TIER="gpu")
+    code = run([sys.executable, *pytest, *extra], gpu_env, TIER_TIMEOUT["gpu"] / 2, log)
+    shared = dict(mpi_env(2, base=gpu_env), MPINB_GPUS="share", MPINB_GPU_MEMORY_LIMIT_MB=GPU_SHARED_LIMIT_MB)
+    both = run([find_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", *pytest, "-x", "--timeout-method=thread",
+                *extra], shared, TIER_TIMEOUT["gpu"] / 2, log)
+    return code if code not in (0, 5) else both
+
+
 def tier_unavailable(tier: str) -> str | None:
-    """Why the multihost or slurm tier cannot run here (not root, no namespaces, no Slurm), or None."""
+    """Why the multihost, slurm or gpu tier cannot run here (not root, no namespaces, no Slurm, no
+    GPU), or None."""
     import importlib
+
+    if tier == "gpu":
+        from mpinb import gpus
+
+        found = gpus.inventory()
+        return None if found else "no GPU on this machine (CUDA_VISIBLE_DEVICES, nvidia-smi, /proc/driver/nvidia)"
 
     # tests/ is this script's folder, first on the path: the support package is importable as is.
     module = {"multihost": "netsim", "slurm": "slurmsim"}[tier]
