@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from _machine import write_report
+from _step_clock import StepClock
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "keras_gpu.json"
@@ -53,16 +54,6 @@ def worker(config: dict) -> None:
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-
-    class StepClock(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            now = time.perf_counter()
-            if not hasattr(self, "first"):
-                self.first, self.first_batch = now, batch
-            self.last, self.steps = now, batch - self.first_batch
-
-        def per_step(self) -> float:
-            return (self.last - self.first) / max(self.steps, 1)
 
     def model() -> keras.Model:
         keras.utils.set_random_seed(0)

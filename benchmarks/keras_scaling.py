@@ -59,6 +59,7 @@ from pathlib import Path
 
 import numpy as np
 from _machine import write_report
+from _step_clock import StepClock
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -97,18 +98,6 @@ def _train(batches: list[int], executions: list[int], modes: list[str], steps: i
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     threads = int(os.environ.get("TF_NUM_INTRAOP_THREADS", "0"))  # read before fit's limit_threads rewrites it
-
-    class StepClock(keras.callbacks.Callback):
-        """Time from the first execution's end to the last's: excludes per-call setup."""
-
-        def on_train_batch_end(self, batch, logs=None):
-            now = time.perf_counter()
-            if not hasattr(self, "first"):
-                self.first, self.first_batch = now, batch
-            self.last, self.steps = now, batch - self.first_batch
-
-        def per_step(self) -> float:
-            return (self.last - self.first) / max(self.steps, 1)
 
     mine = ["keras"] if size == 1 else [m for m in modes if m != "keras"]
     samples = []

@@ -32,6 +32,11 @@ Cases (``--cases``, comma-separated; default ``scaling``), each writing its own 
   (15 iterations, as issue 23 measured it) and N=1,000,000 (20 iterations), float64 and float32,
   the same fixed initial centres: ``--single-repeats`` interleaved rounds, medians of the fit's wall
   and CPU time divided by ``n_iter_`` (set-up and final pass included) and their ratios.
+- ``shapes`` -> ``kmeans_shapes.json``: the three data shapes of :data:`SHAPES` (16 overlapping
+  Gaussians, 4 shifted groups, uniform noise) at N=400,000 (15 iterations) and 1,000,000 (20),
+  float64 and float32, 1 rank against scikit-learn's 1 thread and 2 ranks against its 2 threads,
+  from the same K rows of each data set; ``--single-repeats`` interleaved rounds, medians of the
+  fit's wall time divided by ``n_iter_`` and their ratios.
 - ``kmeanspp`` -> ``kmeans_plusplus.json``: k-means++ seeding of N=2,000,000 x 16, k=16, 1 rank and
   1 thread, against ``sklearn.cluster.kmeans_plusplus`` from the same seed (mpinb's seeding is
   private: the worker calls ``mpinb.kmeans._init.kmeans_plusplus`` on a summarised shard, whose
@@ -59,28 +64,41 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "benchmarks"))  # _busy, also when run from elsewhere
 
-CASES = ("scaling", "busy", "first", "single", "kmeanspp")
+CASES = ("scaling", "busy", "first", "single", "shapes", "kmeanspp")
 
 D, K, ITERATIONS, SEED, BLOCK = 16, 16, 20, 1234, 1 << 16
 
 
-def make_rows(lo: int, hi: int, dtype: str) -> np.ndarray:
+# The data shapes of the "shapes" case (issue 37's three): 16 overlapping Gaussian clusters (every
+# other case's data), 4 well-separated shifted groups (fewer groups than clusters), uniform noise.
+SHAPES = ("gaussians", "groups", "uniform")
+
+
+def make_rows(lo: int, hi: int, dtype: str, shape: str = "gaussians") -> np.ndarray:
     """Rows [lo, hi) of the benchmark data, generated in fixed blocks so every split of the rows
-    over ranks sees the same numbers: 16 overlapping Gaussian clusters."""
+    over ranks sees the same numbers; ``shape`` one of :data:`SHAPES`."""
     out = np.empty((hi - lo, D), dtype=dtype)
     centres = np.random.default_rng(SEED).normal(scale=3.0, size=(K, D))
+    groups = np.random.default_rng(SEED + 2).normal(scale=10.0, size=(4, D))
     for b in range(lo // BLOCK, (hi - 1) // BLOCK + 1 if hi > lo else 0):
         rng = np.random.default_rng([SEED, b])
         start = b * BLOCK
-        block = rng.standard_normal((BLOCK, D)) * 2.0 + centres[rng.integers(0, K, BLOCK)]
+        if shape == "gaussians":
+            block = rng.standard_normal((BLOCK, D)) * 2.0 + centres[rng.integers(0, K, BLOCK)]
+        elif shape == "groups":
+            block = rng.standard_normal((BLOCK, D)) + groups[rng.integers(0, 4, BLOCK)]
+        elif shape == "uniform":
+            block = rng.uniform(size=(BLOCK, D))
+        else:
+            raise ValueError(f"shape must be one of {SHAPES}; got {shape!r}")
         s, e = max(lo, start), min(hi, start + BLOCK)
         out[s - lo : e - lo] = block[s - start : e - start]
     return out
 
 
-def initial_centres(n: int) -> np.ndarray:
+def initial_centres(n: int, shape: str = "gaussians") -> np.ndarray:
     idx = np.random.default_rng(SEED + 1).choice(n, K, replace=False)
-    return np.stack([make_rows(int(i), int(i) + 1, "float64")[0] for i in idx])
+    return np.stack([make_rows(int(i), int(i) + 1, "float64", shape)[0] for i in idx])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -95,7 +113,7 @@ def worker(config: dict) -> None:
     comm = MPI.COMM_WORLD
     mpinb.limit_threads(1)
     lo, hi = mpinb.shard_bounds(config["n"], rank=comm.rank, size=comm.size)
-    X = make_rows(lo, hi, config["dtype"])
+    X = make_rows(lo, hi, config["dtype"], config.get("shape", "gaussians"))
     init = np.array(config["init"])
     mpinb.KMeans(K, init=init, max_iter=2, tol=0).fit(X)  # warm-up: imports, page faults
     stamps: list[float] = []
@@ -487,6 +505,55 @@ def single_case(args: argparse.Namespace, out: Path) -> None:
     print(f"wrote {out}")
 
 
+def shapes_case(args: argparse.Namespace, out: Path) -> None:
+    """Each data shape at 400k and 1M rows, both dtypes: 1 rank vs 1 thread and 2 ranks vs 2 threads."""
+    sizes = ((100_000, 15),) if args.quick else ((400_000, 15), (1_000_000, ITERATIONS))
+    layouts = (1,) if args.quick else (1, 2)
+    report: dict = {"setup": {"shapes": list(SHAPES), "sizes": [{"n": n, "iterations": it} for n, it in sizes],
+                              "d": D, "k": K, "tol": 0, "repeats": args.single_repeats,
+                              "layouts": [f"{p} rank(s) vs {p} thread(s)" for p in layouts],
+                              "init": "the same K rows of each data set for both",
+                              "timed": "fit wall time / n_iter_ (set-up and final pass included), slowest rank"},
+                    "results": []}
+    with tempfile.TemporaryDirectory(prefix="mpinb-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        for n, iterations in sizes:
+            for shape in SHAPES:
+                init = initial_centres(n, shape)
+                for dtype in ("float64", "float32"):
+                    X = make_rows(0, n, dtype, shape)
+                    config = {"n": n, "dtype": dtype, "shape": shape, "init": init.tolist(), "iterations": iterations}
+                    for p in layouts:
+                        sk, ours = [], []
+                        for r in range(args.single_repeats):
+                            def theirs(X: np.ndarray = X, init: np.ndarray = init, p: int = p,
+                                       iterations: int = iterations, sk: list = sk) -> None:
+                                sk.append(sklearn_fit(X, init, p, iterations))
+
+                            def mine(config: dict = config, p: int = p, ours: list = ours,
+                                     label: str = f"shapes-{n}-{shape}-{dtype}-{p}-{r}") -> None:
+                                ours.append(run_workers(p, config, tmp, label))
+
+                            pair = [theirs, mine]
+                            for run in pair if r % 2 == 0 else pair[::-1]:
+                                run()
+                        theirs_ms = statistics.median(t["wall_ms_per_iter"] for t in sk)
+                        ours_ms = statistics.median(o["wall_ms_per_iter"] for o in ours)
+                        entry = {"n": n, "shape": shape, "dtype": dtype, "ranks_or_threads": p,
+                                 "sklearn_ms_per_iter": theirs_ms, "mpinb_ms_per_iter": ours_ms,
+                                 "ratio": ours_ms / theirs_ms, "n_iter": ours[0]["n_iter"],
+                                 "same_n_iter": ours[0]["n_iter"] == sk[0]["n_iter"],
+                                 "label_mismatches": int(np.count_nonzero(ours[0]["labels"] != sk[0]["labels"]))}
+                        report["results"].append(entry)
+                        print(f"{n:>9,} {shape:>9} {dtype} {p}: {ours_ms:6.2f} vs {theirs_ms:6.2f} ms/iter, "
+                              f"{entry['ratio']:.2f}x scikit-learn's", flush=True)
+                    del X
+    ratios = [e["ratio"] for e in report["results"]]
+    report["summary"] = {"worst_ratio": max(ratios), "best_ratio": min(ratios), "target": "<= 0.5 everywhere"}
+    write_report(out, report)
+    print(f"wrote {out}")
+
+
 def kmeanspp_case(args: argparse.Namespace, out: Path) -> None:
     """k-means++ seeding, mpinb at 1 rank against sklearn.cluster.kmeans_plusplus, interleaved."""
     from sklearn.cluster import kmeans_plusplus
@@ -587,6 +654,8 @@ def main() -> None:
         first_case(args, out_dir / "kmeans_first.json")
     if "single" in cases:
         single_case(args, out_dir / "kmeans_single.json")
+    if "shapes" in cases:
+        shapes_case(args, out_dir / "kmeans_shapes.json")
     if "kmeanspp" in cases:
         kmeanspp_case(args, out_dir / "kmeans_plusplus.json")
 
