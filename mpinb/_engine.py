@@ -29,7 +29,7 @@ def identity() -> dict[str, Any]:
     }
 
 
-def set_up(started_by_mpinb: bool, one_machine: bool = False) -> None:
+def set_up(started_by_mpinb: bool, one_machine: bool = False) -> str:
     """mpinb's collective set-up on every engine together; on engines ``MPICluster`` started, the
     rank's thread budget and a quiet TensorFlow too.
 
@@ -42,6 +42,8 @@ def set_up(started_by_mpinb: bool, one_machine: bool = False) -> None:
     With ``one_machine`` (every rank on this machine), Hydra's control port answers loopback alone
     (:mod:`mpinb._listeners`); the engines ``MPICluster`` starts there did so from their first line
     (:mod:`mpinb._engine_boot`), so this only catches engines a user's ``engine_cmd`` started.
+    Returns the rank's device (:func:`mpinb.gpus.device`: ``"GPU 1"``, ``"CPU"``, or ``"not
+    chosen"`` on engines started elsewhere that never chose).
     """
     import mpinb
     from mpinb._listeners import confine_inherited_listeners
@@ -49,9 +51,11 @@ def set_up(started_by_mpinb: bool, one_machine: bool = False) -> None:
 
     if started_by_mpinb:  # first: the sooner Hydra's wildcard port answers loopback alone, the better
         confine_inherited_listeners(loopback_only=one_machine)
+    from mpinb import gpus
+
     mpinb.world(timeout=_SET_UP_TIMEOUT)
     if not started_by_mpinb:
-        return
+        return gpus.device()
     if not threads_chosen():
         mpinb.limit_threads(timeout=_SET_UP_TIMEOUT)  # local now: world() exchanged the hosts
     from mpinb.gpus import use_one_gpu_per_rank
@@ -60,6 +64,7 @@ def set_up(started_by_mpinb: bool, one_machine: bool = False) -> None:
     from mpinb._quiet_tf import quiet_future_import
 
     quiet_future_import()
+    return gpus.device()
 
 
 def rank() -> int:

@@ -108,6 +108,7 @@ class MPICluster:
         self._ids_by_rank: list[int] = []
         self._engine_pids: list[int] = []
         self._engine_hosts: list[str] = []
+        self._devices: list[str] = []
         self._exits: ExitOrder | None = None  # which local engine ended first, once one has
         self._on_start: list[str] = []
         self._path: Owned | Joined = Owned(options)  # connect() makes it Joined
@@ -258,9 +259,15 @@ class MPICluster:
         how = ""
         if self._path.slurm is not None and self.cluster is not None:
             how = f" {self._path.slurm.describe()} controller={self.cluster.controller_ip}"
-        return f"<MPICluster n={self.n} {state} ranks->engines={self._ids_by_rank}{how}>"
+        return f"<MPICluster n={self.n} {state} ranks->engines={self._ids_by_rank}{_devices_text(self._devices)}{how}>"
 
     # -- rank-ordered data ---------------------------------------------------------------------
+
+    @property
+    def devices(self) -> list[str]:
+        """Each MPI rank's device, by rank: ``"GPU 0"``, ``"GPU 1, shared by 2 ranks, 4000 MiB"``,
+        ``"CPU"`` (see :func:`mpinb.gpus.use_one_gpu_per_rank`); empty while stopped. Client."""
+        return list(self._devices) if self.client is not None else []
 
     @property
     def ids_by_rank(self) -> list[int]:
@@ -338,7 +345,7 @@ class MPICluster:
         self.view.block = True
         activate(self.view, self.deaths)
         # mpinb's collective set-up (and each rank's thread budget) now, on every engine together.
-        self.view.apply_sync(_engine.set_up, self._path.started_by_mpinb, self._path.one_machine)
+        self._devices = list(self.view.apply_sync(_engine.set_up, self._path.started_by_mpinb, self._path.one_machine))
         for code in self._on_start:  # fresh engines after restart(): the setup the notebook asked for
             self.view.execute(code, block=True)
 
@@ -350,6 +357,7 @@ class MPICluster:
                 pass
         self.client = self.view = None
         self._ids_by_rank = []
+        self._devices = []
 
     def _tracked_pids(self) -> list[int]:
         return tracked_pids(self)
@@ -365,3 +373,12 @@ class MPICluster:
         only ones this machine may signal."""
         here = socket.gethostname()
         return [pid for pid, host in zip(self._engine_pids, self._engine_hosts, strict=True) if host == here]
+
+
+def _devices_text(devices: list[str]) -> str:
+    """`` devices=...`` for the repr: one word when every rank has the same kind (CPU), else by rank."""
+    if not devices:
+        return ""
+    if len(set(devices)) == 1 and not devices[0].startswith("GPU"):
+        return f" devices={devices[0]}"
+    return " devices=[" + ", ".join(devices) + "]"

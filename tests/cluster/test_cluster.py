@@ -32,6 +32,13 @@ def test_engines_form_one_world_ordered_by_rank(cluster2) -> None:
     assert len(cluster2.ids_by_rank) == 2
 
 
+def test_each_rank_reports_its_device(cluster2) -> None:
+    # No GPU on the test machines: every rank chose the CPU, and the repr says so in one word.
+    cluster2.view.execute("from mpinb import gpus; mine = gpus.device()")
+    assert cluster2.devices == cluster2.pull("mine") == ["CPU", "CPU"]
+    assert " devices=CPU" in repr(cluster2), repr(cluster2)
+
+
 def test_engines_get_a_thread_budget_and_yield_settings(cluster2) -> None:
     cluster2.view.execute("import os; "
                           "env = {k: os.environ.get(k) for k in ('OMP_NUM_THREADS', 'TF_NUM_INTRAOP_THREADS')}")

@@ -45,3 +45,12 @@ def test_ipyparallel_arguments_pass_through_and_own_arguments_are_checked() -> N
 
 def test_every_argument_passed_on_is_one_ipyparallel_cluster_takes() -> None:
     assert PASSED_TO_IPYPARALLEL <= set(ipp.Cluster.class_trait_names())
+
+
+def test_the_repr_names_devices_in_one_word_or_by_rank():
+    from mpinb.client.cluster import _devices_text
+
+    assert _devices_text([]) == ""
+    assert _devices_text(["CPU", "CPU"]) == " devices=CPU"
+    assert _devices_text(["GPU 0", "GPU 1"]) == " devices=[GPU 0, GPU 1]"
+    assert _devices_text(["GPU 0", "CPU"]) == " devices=[GPU 0, CPU]"
