@@ -266,7 +266,7 @@ class MPICluster:
     @property
     def devices(self) -> list[str]:
         """Each MPI rank's device, by rank: ``"GPU 0"``, ``"GPU 1, shared by 2 ranks, 4000 MiB"``,
-        ``"CPU"`` (see :func:`mpinb.gpus.use_one_gpu_per_rank`); empty while stopped. Client."""
+        ``"CPU"`` (see :func:`mpinb.keras.use_one_gpu_per_rank`); empty while stopped. Client."""
         return list(self._devices) if self.client is not None else []
 
     @property
