@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -17,23 +18,18 @@ def StepClock() -> Any:  # noqa: N802 - reads as the class it makes
     return _clock_class()()
 
 
+@functools.cache
 def _clock_class() -> type:
-    global _CLASS
-    if _CLASS is None:
-        import keras
+    import keras
 
-        class _StepClock(keras.callbacks.Callback):
-            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-                now = time.perf_counter()
-                if not hasattr(self, "first"):
-                    self.first, self.first_batch = now, batch
-                self.last, self.steps = now, batch - self.first_batch
+    class _StepClock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            now = time.perf_counter()
+            if not hasattr(self, "first"):
+                self.first, self.first_batch = now, batch
+            self.last, self.steps = now, batch - self.first_batch
 
-            def per_step(self) -> float:
-                return (self.last - self.first) / max(self.steps, 1)
+        def per_step(self) -> float:
+            return (self.last - self.first) / max(self.steps, 1)
 
-        _CLASS = _StepClock
-    return _CLASS
-
-
-_CLASS: type | None = None
+    return _StepClock

@@ -58,9 +58,7 @@ def set_up(started_by_mpinb: bool, one_machine: bool = False) -> str:
         return gpus.device()
     if not threads_chosen():
         mpinb.limit_threads(timeout=_SET_UP_TIMEOUT)  # local now: world() exchanged the hosts
-    from mpinb.gpus import use_one_gpu_per_rank
-
-    use_one_gpu_per_rank()  # before any cell can initialise TensorFlow; MPINB_GPUS=share/off in the env
+    gpus.use_one_gpu_per_rank()  # before any cell can initialise TensorFlow; MPINB_GPUS=share/off in the env
     from mpinb._quiet_tf import quiet_future_import
 
     quiet_future_import()
