@@ -1,5 +1,5 @@
 """Distances of rows to centres, the part of k-means both estimators share: the assignment step
-(nearest centre per chunk, one GEMM each, with change tracking), nearest centres, the local
+(nearest centre per chunk, by the executor's products, with change tracking), nearest centres, the local
 inertia, column sums and the Euclidean distances of ``transform``.
 
 Private to :mod:`mpinb.kmeans`; everything here is local.
@@ -72,8 +72,9 @@ def assign(
 ) -> Changes:
     """Nearest centre of every row, in chunks, writing ``labels`` in place. Local.
 
-    ``centers`` are centred (``c - mean``). Per chunk, one GEMM in the data's precision gives
-    ``-2 x.c'`` and the executor's argmin adds ``q = |c'|^2 + 2 mean.c'`` in the same precision
+    ``centers`` are centred (``c - mean``). Per chunk, the products ``-2 x.c'`` in the data's
+    precision (a GEMM, or the compiled executor's SIMD kernel) and the argmin adds
+    ``q = |c'|^2 + 2 mean.c'`` in the same precision
     (float32 data compare in float32, as scikit-learn's float32 path does: converting every
     distance to float64 cost about 15% of an iteration and decides only near-ties), so the
     block is ``|x' - c'|^2 - |x'|^2`` (``x`` is used uncentred in the product, which needs no
@@ -88,8 +89,13 @@ def assign(
     if run_on is None:
         run_on = kernels(n * k)
     gemm_dtype = np.float32 if X.dtype == np.float32 else np.float64
-    c2t = np.ascontiguousarray((-2.0 * centers).T, dtype=gemm_dtype)
-    q = np.ascontiguousarray(np.einsum("ij,ij->i", centers, centers) + 2.0 * (centers @ mean), dtype=gemm_dtype)
+    # With SIMD vectors, the centres' matrix is padded to whole vectors by columns of zeros whose
+    # offset is +inf (never the nearest): the kernel reads whole vectors only.
+    width = run_on.simd_width(k, centers.shape[1], gemm_dtype)
+    c2t = np.zeros((centers.shape[1], max(width, k)), dtype=gemm_dtype)
+    c2t[:, :k] = (-2.0 * centers).T
+    q = np.full(max(width, k), np.inf, dtype=gemm_dtype)
+    q[:k] = np.einsum("ij,ij->i", centers, centers) + 2.0 * (centers @ mean)
     block = chunk_rows(k, _ASSIGN_BLOCK_ELEMENTS, maximum=_MAX_BLOCK_ROWS)
     if track is None:
         rows, old = np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int32)
@@ -98,7 +104,8 @@ def assign(
         (rows, old), recorded = track, 0
     f = _NO_FOLD if fold is None else fold
     n_changed, recorded, inertia = run_on.assign_rows(
-        X, c2t, q, labels, rows, old, recorded, block, f.kind, f.w, f.weighted, f.centers, f.sums, f.weights, f.members
+        X, c2t, q, labels, rows, old, recorded, block, f.kind, f.w, f.weighted, f.centers, f.sums, f.weights, f.members,
+        width > 0,
     )
     if track is None or recorded < 0:
         return Changes(n_changed, None, None, inertia)

@@ -1,7 +1,7 @@
 """The per-row passes of mpinb's k-means, in two executors with one interface. Local.
 
 Lloyd's loop (:mod:`._lloyd`) is written once against six passes -- the assignment (per chunk,
-a GEMM and the argmin over its distance block, with change tracking), full and incremental per-cluster sums, the
+each row's nearest centre, with change tracking), full and incremental per-cluster sums, the
 column sums and the centring statistics, and the final inertia -- and :func:`kernels` hands it an executor for
 them. :mod:`._init`'s k-means++ uses one more, its distances to the candidates and the chosen centre (written in
 :mod:`._seed_pass`). :mod:`._minibatch` uses one more, the whole local work of a mini-batch (nearest centre,
@@ -10,18 +10,21 @@ GEMM cancellation, so the executors' labels can differ only where two centres ar
 round-off of adding ``d`` squares in another order.
 
 - **compiled** (numba, ``cache=True`` so later processes load the machine code from disk):
-  each pass reads its rows once, fused, while the chunk is in cache. It is what makes an
-  iteration faster than scikit-learn's on large data.
+  each pass reads its rows once, fused, while the chunk is in cache, and the assignment runs in
+  explicit SIMD vectors (:mod:`._simd`). It is what makes an iteration faster than
+  scikit-learn's on large data.
 - **NumPy**: the same passes as whole-array operations in bounded chunks. It needs no compiler
   and no numba import, so a small fit in a fresh process costs milliseconds instead of the
   ~0.3 s that numba's first use costs even with a warm disk cache.
 
 Which one runs is decided from the size of the work (rows x clusters), so every rank of a fit
-takes the same one. Both take the GEMM from BLAS (NumPy's for the NumPy executor; SciPy's, which
-numba calls, for the compiled one) and the argmin with the same rule, lowest index on exact
-ties, so their labels can differ only where two centres are equally near within the GEMM's
-round-off; sums differ only in summation order. ``MPINB_NUMBA`` overrides the choice: ``0`` (off) always NumPy,
-``1`` (on) always compiled; unset or ``auto`` decides by size.
+takes the same one. The NumPy executor takes the assignment's products from BLAS's GEMM; the
+compiled one computes them in explicit SIMD vectors (:mod:`._simd`: 0.3-0.9x the time of GEMM
+and argmin at every k x d up to 256 x 256 measured) and keeps the GEMM (SciPy's BLAS, which numba
+calls) beyond ``SIMD_MAX_WORK``. Both compare ``-2 x.c' + q`` with the same rule, lowest index on
+exact ties, so their labels can differ only where two centres are equally near within the
+products' round-off; sums differ only in summation order. ``MPINB_NUMBA`` overrides the choice:
+``0`` (off) always NumPy, ``1`` (on) always compiled; unset or ``auto`` decides by size.
 """
 
 from __future__ import annotations
@@ -36,12 +39,16 @@ from mpinb import _numba
 from mpinb._chunks import chunk_rows, chunks
 from mpinb.kmeans import _seed_pass
 
-__all__ = ["COMPILE_FROM", "FOLD_INERTIA", "FOLD_NONE", "FOLD_SUMS", "chunk_rows", "chunks", "kernels"]
+__all__ = ["COMPILE_FROM", "FOLD_INERTIA", "FOLD_NONE", "FOLD_SUMS", "SIMD_MAX_WORK", "chunk_rows", "chunks", "kernels"]
 
 # Rows x clusters from which the compiled passes are used: at 2**20 (about 65k rows at k=16)
 # an iteration of the NumPy passes costs about 5 ms, so a fit of a few dozen iterations pays
 # back loading the compiled code (measured 0.25-0.4 s in a fresh process with a warm cache).
 COMPILE_FROM = 1 << 20
+# Clusters x features up to which the compiled executor's assignment runs in SIMD vectors instead
+# of a GEMM: the largest measured (256 x 256) was still 0.69-0.91x the GEMM path's time, but beyond
+# it the centres' matrix outgrows the L2 cache that each block of eight rows reads it from.
+SIMD_MAX_WORK = 1 << 16
 # Rows per block of the compiled mini-batch pass: its buffers, (d + k) x this many float64,
 # stay in L1 for the usual widths.
 _BATCH_BLOCK = 64
@@ -50,6 +57,8 @@ _BATCH_BLOCK = 64
 # pickles the same twice, so a closure would recompile (1-2 s) in every process.
 _prefetch: Any = None
 _argmin_compiled: Any = None
+_record_compiled: Any = None
+_nearest_compiled: Any = None
 _sums_compiled: Any = None
 _inertia_compiled: Any = None
 # What the assignment step folds into its pass over each chunk: nothing, the full cluster sums
@@ -88,7 +97,8 @@ def _argmin_rows(dist, q, labels, start, track_rows, track_old, recorded):
 
 
 def _assign_rows(X, c2t, q, labels, track_rows, track_old, recorded, block, fold, w, weighted, centers, sums,
-                 weights, members):
+                 weights, members, simd):
+    # simd is never true here: this executor's simd_width is 0 (the products come from GEMM).
     n, k = X.shape[0], c2t.shape[1]
     buf = np.empty((min(block, max(n, 1)), k), dtype=c2t.dtype)
     changed = 0
@@ -218,13 +228,15 @@ PASSES = (
 )
 
 
-def _executor(name: str, namespace: dict[str, Any]) -> SimpleNamespace:
+def _executor(name: str, namespace: dict[str, Any], simd_width: Any) -> SimpleNamespace:
     """The passes named in PASSES, found in ``namespace`` under their names (``_`` + name for
-    the NumPy ones)."""
-    return SimpleNamespace(name=name, **{p: namespace.get(p) or namespace[f"_{p}"] for p in PASSES})
+    the NumPy ones), and ``simd_width(k, d, dtype)``: the columns of the assignment's centre
+    matrix when it runs in SIMD vectors (``k`` padded to whole vectors), 0 when by GEMM."""
+    passes = {p: namespace.get(p) or namespace[f"_{p}"] for p in PASSES}
+    return SimpleNamespace(name=name, simd_width=simd_width, **passes)
 
 
-NUMPY = _executor("numpy", {**globals(), "seed_distances": _seed_pass.numpy_pass})
+NUMPY = _executor("numpy", {**globals(), "seed_distances": _seed_pass.numpy_pass}, lambda k, d, dtype: 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,7 +250,30 @@ def _compiled() -> SimpleNamespace | None:
 
 
 def _compile(numba: Any) -> SimpleNamespace:
+    from mpinb.kmeans import _simd  # imports numba: only here
+
     jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+
+    @jit
+    def record_changes(new, labels, start, track_rows, track_old, recorded):
+        """Write ``new`` labels over ``labels``; changed rows (global index ``start + i``) and their
+        old labels are appended to the track buffers as :func:`argmin_rows` appends them.
+        Returns (number of changed labels, new ``recorded``)."""
+        changed = 0
+        limit = track_rows.size
+        for i in range(new.size):
+            old = labels[i]
+            if new[i] != old:
+                changed += 1
+                if recorded >= 0:
+                    if recorded < limit:
+                        track_rows[recorded] = start + i
+                        track_old[recorded] = old
+                        recorded += 1
+                    else:
+                        recorded = -1
+                labels[i] = new[i]
+        return changed, recorded
 
     @jit
     def argmin_rows(dist, q, labels, start, track_rows, track_old, recorded):
@@ -271,32 +306,41 @@ def _compile(numba: Any) -> SimpleNamespace:
                 labels[i] = arg
         return changed, recorded
 
-    global _argmin_compiled  # see the module's globals for why not a closure variable
-    _argmin_compiled = argmin_rows
+    global _argmin_compiled, _record_compiled, _nearest_compiled  # see the module's globals: not closure variables
+    _argmin_compiled, _record_compiled, _nearest_compiled = argmin_rows, record_changes, _simd.nearest
 
     @jit
     def assign_rows(X, c2t, q, labels, track_rows, track_old, recorded, block, fold, w, weighted, centers, sums,
-                    weights, members):
-        """The assignment step: per chunk of ``block`` rows, the GEMM ``X[s:e] @ c2t`` (BLAS,
-        called from compiled code: a Python loop over the chunks cost 15% of the step in call
-        overhead) and :func:`argmin_rows` over it while it is in cache; then, by ``fold``, the
-        chunk's rows added to the cluster sums (:func:`sums_full`) or to the inertia and counts
-        (:func:`inertia_counts`, counts into ``members``) while they are in cache too, in the
-        order those passes add them. Returns (changed labels, ``recorded``, inertia)."""
+                    weights, members, simd):
+        """The assignment step: per chunk of ``block`` rows, each row's nearest centre -- with
+        ``simd``, by :func:`mpinb.kmeans._simd.nearest` (``c2t`` and ``q`` padded to whole
+        vectors); else the GEMM ``X[s:e] @ c2t`` (BLAS, called from compiled code: a Python loop
+        over the chunks cost 15% of the step in call overhead) and :func:`argmin_rows` over it
+        while it is in cache -- then, by ``fold``, the chunk's rows added to the cluster sums
+        (:func:`sums_full`) or to the inertia and counts (:func:`inertia_counts`, counts into
+        ``members``) while they are in cache too, in the order those passes add them.
+        Returns (changed labels, ``recorded``, inertia)."""
         n, k = X.shape[0], c2t.shape[1]
-        buf = np.empty((min(block, max(n, 1)), k), dtype=c2t.dtype)
+        rows_per = min(block, max(n, 1))
+        buf = np.empty((0 if simd else rows_per, k), dtype=c2t.dtype)
+        new = np.empty(rows_per if simd else 0, dtype=np.int32)
         changed = 0
         inertia = 0.0
         for s in range(0, n, block):
             e = min(n, s + block)
-            # A copy only for rows that are not C-contiguous (BLAS wants contiguous operands).
-            rows = np.ascontiguousarray(X[s:e])
-            out = buf[: e - s]
-            if e - s == buf.shape[0]:
-                np.dot(rows, c2t, out)
+            if simd:
+                chunk = new[: e - s]
+                _nearest_compiled(X[s:e], c2t, q, chunk)
+                found, recorded = _record_compiled(chunk, labels[s:e], s, track_rows, track_old, recorded)
             else:
-                out = np.dot(rows, c2t)
-            found, recorded = _argmin_compiled(out, q, labels[s:e], s, track_rows, track_old, recorded)
+                # A copy only for rows that are not C-contiguous (BLAS wants contiguous operands).
+                rows = np.ascontiguousarray(X[s:e])
+                out = buf[: e - s]
+                if e - s == buf.shape[0]:
+                    np.dot(rows, c2t, out)
+                else:
+                    out = np.dot(rows, c2t)
+                found, recorded = _argmin_compiled(out, q, labels[s:e], s, track_rows, track_old, recorded)
             changed += found
             ws = w[s:e] if weighted else w
             if fold == 1:  # FOLD_SUMS
@@ -383,7 +427,7 @@ def _compile(numba: Any) -> SimpleNamespace:
     _sums_compiled, _inertia_compiled = sums_full, inertia_counts
 
     global _prefetch  # see the module's globals for why not a closure variable
-    _prefetch = _prefetch_intrinsic(numba)
+    _prefetch = _simd.prefetch
 
     @jit
     def batch_sums(X, rows, w, weighted, centers, sums, wsum):
@@ -451,30 +495,8 @@ def _compile(numba: Any) -> SimpleNamespace:
         return total
 
     seed_distances = _seed_pass.compiled_pass(numba)  # noqa: F841 - collected by _executor
-    return _executor("compiled", locals())
 
+    def simd_width(k: int, d: int, dtype: Any) -> int:
+        return _simd.padded_width(k, dtype) if k * d <= SIMD_MAX_WORK else 0
 
-def _prefetch_intrinsic(numba: Any) -> Any:
-    """``prefetch(arr, i, t)`` for compiled code: a hint to bring the cache line of ``arr[i, t]``
-    in (LLVM's ``llvm.prefetch``: read, keep in all levels); it never faults or waits."""
-    from llvmlite import ir
-    from numba.core import cgutils
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def prefetch(typingctx, arr, i, t):
-        def codegen(context, builder, signature, args):
-            aryty = signature.args[0]
-            ary = context.make_array(aryty)(context, builder, args[0])
-            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]])
-            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-            # LLVM re-mangles the name for its pointer type (typed or opaque), so one name serves.
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0"
-            )
-            builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
-            return context.get_dummy_value()
-
-        return numba.types.void(arr, i, t), codegen
-
-    return prefetch
+    return _executor("compiled", locals(), simd_width)
