@@ -47,7 +47,9 @@ class Fold:
     """What :func:`assign` adds up in its pass, with the new labels: ``kind`` FOLD_SUMS adds each
     row (times its weight ``w``, NO_WEIGHTS unless ``weighted``) to ``sums``, ``weights`` and
     ``members``; FOLD_INERTIA adds its squared distance to its raw centre (``centers``) to the
-    inertia and 1 to ``members[label]``. Rows are added in order, as the separate passes add them."""
+    inertia and 1 to ``members[label]``; FOLD_MOVES (with ``track``) moves each changed row from
+    its old cluster's sums to its new one's, while the buffers hold every change (afterwards the
+    caller recomputes the sums). Rows are added in order, as the separate passes add them."""
 
     kind: int
     w: np.ndarray

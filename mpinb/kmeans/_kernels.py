@@ -39,7 +39,10 @@ from mpinb import _numba
 from mpinb._chunks import chunk_rows, chunks
 from mpinb.kmeans import _seed_pass
 
-__all__ = ["COMPILE_FROM", "FOLD_INERTIA", "FOLD_NONE", "FOLD_SUMS", "SIMD_MAX_WORK", "chunk_rows", "chunks", "kernels"]
+__all__ = [
+    "COMPILE_FROM", "FOLD_INERTIA", "FOLD_MOVES", "FOLD_NONE", "FOLD_SUMS", "SIMD_MAX_WORK", "chunk_rows", "chunks",
+    "kernels",
+]
 
 # Rows x clusters from which the compiled passes are used: at 2**20 (about 65k rows at k=16)
 # an iteration of the NumPy passes costs about 5 ms, so a fit of a few dozen iterations pays
@@ -59,11 +62,14 @@ _prefetch: Any = None
 _argmin_compiled: Any = None
 _record_compiled: Any = None
 _nearest_compiled: Any = None
+_moves_compiled: Any = None
 _sums_compiled: Any = None
 _inertia_compiled: Any = None
 # What the assignment step folds into its pass over each chunk: nothing, the full cluster sums
-# (the first iteration, where every label changes) or the inertia and counts (the final labels).
-FOLD_NONE, FOLD_SUMS, FOLD_INERTIA = 0, 1, 2
+# (the first iteration, where every label changes), the inertia and counts (the final labels) or
+# the moves of the chunk's changed rows between clusters' sums (the other iterations: the rows are
+# in cache then; a separate pass over the changed rows afterwards read each from memory again).
+FOLD_NONE, FOLD_SUMS, FOLD_INERTIA, FOLD_MOVES = 0, 1, 2, 3
 
 
 def kernels(work: int) -> SimpleNamespace:
@@ -105,8 +111,12 @@ def _assign_rows(X, c2t, q, labels, track_rows, track_old, recorded, block, fold
     for s, e in chunks(n, block):
         out = buf[: e - s]
         np.dot(X[s:e], c2t, out=out)
+        before = recorded
         found, recorded = _argmin_rows(out, q, labels[s:e], s, track_rows, track_old, recorded)
         changed += found
+        if fold == FOLD_MOVES and recorded > before:
+            _sums_delta(X, w, weighted, track_rows[before:recorded], track_old[before:recorded], labels, sums,
+                        weights, members)
     inertia = 0.0
     if fold == FOLD_SUMS:
         _sums_full(X, w, weighted, labels, sums, weights, members)
@@ -317,8 +327,9 @@ def _compile(numba: Any) -> SimpleNamespace:
         vectors); else the GEMM ``X[s:e] @ c2t`` (BLAS, called from compiled code: a Python loop
         over the chunks cost 15% of the step in call overhead) and :func:`argmin_rows` over it
         while it is in cache -- then, by ``fold``, the chunk's rows added to the cluster sums
-        (:func:`sums_full`) or to the inertia and counts (:func:`inertia_counts`, counts into
-        ``members``) while they are in cache too, in the order those passes add them.
+        (:func:`sums_full`), to the inertia and counts (:func:`inertia_counts`, counts into
+        ``members``) or its changed rows moved between clusters (:func:`sums_delta`) while they
+        are in cache too, in the order those passes add them.
         Returns (changed labels, ``recorded``, inertia)."""
         n, k = X.shape[0], c2t.shape[1]
         rows_per = min(block, max(n, 1))
@@ -328,6 +339,7 @@ def _compile(numba: Any) -> SimpleNamespace:
         inertia = 0.0
         for s in range(0, n, block):
             e = min(n, s + block)
+            before = recorded
             if simd:
                 chunk = new[: e - s]
                 _nearest_compiled(X[s:e], c2t, q, chunk)
@@ -342,6 +354,9 @@ def _compile(numba: Any) -> SimpleNamespace:
                     out = np.dot(rows, c2t)
                 found, recorded = _argmin_compiled(out, q, labels[s:e], s, track_rows, track_old, recorded)
             changed += found
+            if fold == 3 and recorded > before:  # FOLD_MOVES: the chunk's changed rows, still in cache
+                _moves_compiled(X, w, weighted, track_rows[before:recorded], track_old[before:recorded], labels, sums,
+                                weights, members)
             ws = w[s:e] if weighted else w
             if fold == 1:  # FOLD_SUMS
                 _sums_compiled(X[s:e], ws, weighted, labels[s:e], sums, weights, members)
@@ -423,8 +438,8 @@ def _compile(numba: Any) -> SimpleNamespace:
             counts[c] += 1.0
         return total
 
-    global _sums_compiled, _inertia_compiled  # see the module's globals for why not closure variables
-    _sums_compiled, _inertia_compiled = sums_full, inertia_counts
+    global _sums_compiled, _inertia_compiled, _moves_compiled  # see the module's globals: not closure variables
+    _sums_compiled, _inertia_compiled, _moves_compiled = sums_full, inertia_counts, sums_delta
 
     global _prefetch  # see the module's globals for why not a closure variable
     _prefetch = _simd.prefetch

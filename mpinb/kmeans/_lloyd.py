@@ -16,7 +16,7 @@ from mpinb import _collective
 from mpinb._chunks import SUM_ELEMENTS
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._distances import NO_WEIGHTS, Changes, Fold, assign
-from mpinb.kmeans._kernels import FOLD_INERTIA, FOLD_SUMS, chunk_rows, chunks, kernels
+from mpinb.kmeans._kernels import FOLD_INERTIA, FOLD_MOVES, FOLD_SUMS, chunk_rows, chunks, kernels
 from mpinb.kmeans._shard import KMeansShard as Shard
 
 __all__ = ["Run", "lloyd", "same_clustering"]
@@ -76,7 +76,9 @@ def lloyd(
             fold = Fold(FOLD_SUMS, w, not unit, centers, sums, weights, members)
             changes = assign(X, centers, mean, labels, run_on=run_on, fold=fold)
         else:
-            changes = assign(X, centers, mean, labels, track=track, run_on=run_on)
+            # The changed rows move between the clusters' sums in the assignment's pass.
+            fold = Fold(FOLD_MOVES, w, not unit, centers, sums, weights, members)
+            changes = assign(X, centers, mean, labels, track=track, run_on=run_on, fold=fold)
             _update_sums(run_on, data, labels, changes, sums, weights, members)
         packed[: k * d] = sums.reshape(-1)
         packed[k * d : k * d + k] = weights
@@ -166,12 +168,13 @@ def _update_sums(
     run_on: Any, data: Shard, labels: np.ndarray, changes: Changes, sums: np.ndarray, weights: np.ndarray,
     members: np.ndarray,
 ) -> None:
-    """Local per-cluster sums (raw coordinates, float64), weights and positive-weight members.
+    """Local per-cluster sums (raw coordinates, float64), weights and positive-weight members,
+    after an assignment that moved the changed rows between clusters (FOLD_MOVES).
 
     After the first iterations only a few labels change, so the sums are updated from the changed
-    rows alone (added to the new cluster, removed from the old); with many changes they are
-    recomputed. A cluster left without members is reset to exact zeros so round-off cannot
-    accumulate there.
+    rows alone (added to the new cluster, removed from the old, in the assignment's pass); with
+    many changes (the track buffers overflowed) they are recomputed. A cluster left without
+    members is reset to exact zeros so round-off cannot accumulate there.
     """
     w = data.weights
     wv = NO_WEIGHTS if w is None else w
@@ -181,7 +184,6 @@ def _update_sums(
         members[:] = 0.0
         run_on.sums_full(data.X, wv, w is not None, labels, sums, weights, members)
         return
-    run_on.sums_delta(data.X, wv, w is not None, changes.rows, changes.old, labels, sums, weights, members)
     gone = members == 0
     sums[gone] = 0.0
     weights[gone] = 0.0
