@@ -61,6 +61,7 @@ _BATCH_BLOCK = 64
 _prefetch: Any = None
 _argmin_compiled: Any = None
 _record_compiled: Any = None
+_log_compiled: Any = None
 _nearest_compiled: Any = None
 _moves_compiled: Any = None
 _sums_compiled: Any = None
@@ -265,23 +266,31 @@ def _compile(numba: Any) -> SimpleNamespace:
     jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 
     @jit
+    def log_change(track_rows, track_old, recorded, row, old):
+        """Append a changed row and its old label to the track buffers at ``recorded`` while they
+        have room (then -1, for good); returns the new ``recorded``."""
+        if recorded < 0:
+            return recorded
+        if recorded >= track_rows.size:
+            return -1
+        track_rows[recorded] = row
+        track_old[recorded] = old
+        return recorded + 1
+
+    global _log_compiled  # see the module's globals for why not a closure variable
+    _log_compiled = log_change
+
+    @jit
     def record_changes(new, labels, start, track_rows, track_old, recorded):
         """Write ``new`` labels over ``labels``; changed rows (global index ``start + i``) and their
         old labels are appended to the track buffers as :func:`argmin_rows` appends them.
         Returns (number of changed labels, new ``recorded``)."""
         changed = 0
-        limit = track_rows.size
         for i in range(new.size):
             old = labels[i]
             if new[i] != old:
                 changed += 1
-                if recorded >= 0:
-                    if recorded < limit:
-                        track_rows[recorded] = start + i
-                        track_old[recorded] = old
-                        recorded += 1
-                    else:
-                        recorded = -1
+                recorded = _log_compiled(track_rows, track_old, recorded, start + i, old)
                 labels[i] = new[i]
         return changed, recorded
 
@@ -293,7 +302,6 @@ def _compile(numba: Any) -> SimpleNamespace:
         Returns (number of changed labels, new ``recorded``)."""
         m, k = dist.shape
         changed = 0
-        limit = track_rows.size
         for i in range(m):
             best = dist[i, 0] + q[0]
             arg = 0
@@ -306,13 +314,7 @@ def _compile(numba: Any) -> SimpleNamespace:
             old = labels[i]
             if arg != old:
                 changed += 1
-                if recorded >= 0:
-                    if recorded < limit:
-                        track_rows[recorded] = start + i
-                        track_old[recorded] = old
-                        recorded += 1
-                    else:
-                        recorded = -1
+                recorded = _log_compiled(track_rows, track_old, recorded, start + i, old)
                 labels[i] = arg
         return changed, recorded
 
