@@ -94,9 +94,9 @@ def assign(
     # With SIMD vectors, the centres' matrix is padded to whole vectors by columns of zeros whose
     # offset is +inf (never the nearest): the kernel reads whole vectors only.
     width = run_on.simd_width(k, centers.shape[1], gemm_dtype)
-    c2t = np.zeros((centers.shape[1], max(width, k)), dtype=gemm_dtype)
+    c2t = np.zeros((centers.shape[1], width or k), dtype=gemm_dtype)
     c2t[:, :k] = (-2.0 * centers).T
-    q = np.full(max(width, k), np.inf, dtype=gemm_dtype)
+    q = np.full(width or k, np.inf, dtype=gemm_dtype)
     q[:k] = np.einsum("ij,ij->i", centers, centers) + 2.0 * (centers @ mean)
     block = chunk_rows(k, _ASSIGN_BLOCK_ELEMENTS, maximum=_MAX_BLOCK_ROWS)
     if track is None:

@@ -90,15 +90,19 @@ def _splat(builder: Any, value: Any, vector_type: ir.VectorType) -> Any:
     return builder.shuffle_vector(one, ir.Constant(vector_type, ir.Undefined), lane_zero)
 
 
+def _pointer(context: Any, builder: Any, aryty: Any, array: Any, indices: list[Any]) -> Any:
+    """The address of ``array[indices]`` (an array of numba type ``aryty``), in generated code."""
+    ary = context.make_array(aryty)(context, builder, array)
+    return cgutils.get_item_pointer(context, builder, aryty, ary, indices)
+
+
 @intrinsic
 def _load(typingctx: Any, array: Any, i: Any, j: Any) -> Any:
     """``array[i, j : j + lanes]`` (C-contiguous rows) as a vector; no alignment assumed."""
     vector = _vector_of(array.dtype)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]])
+        ptr = _pointer(context, builder, signature.args[0], args[0], [args[1], args[2]])
         return builder.load(builder.bitcast(ptr, context.get_value_type(vector).as_pointer()), align=1)
 
     return vector(array, i, j), codegen
@@ -110,9 +114,7 @@ def _load_1d(typingctx: Any, array: Any, j: Any) -> Any:
     vector = _vector_of(array.dtype)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+        ptr = _pointer(context, builder, signature.args[0], args[0], [args[1]])
         return builder.load(builder.bitcast(ptr, context.get_value_type(vector).as_pointer()), align=1)
 
     return vector(array, j), codegen
@@ -239,9 +241,7 @@ def _store_first_least(typingctx: Any, out: Any, o: Any, b0: Any, g0: Any, b1: A
             second = [lane + half for lane in first]
             v, g = take(shuffle(v, v, first), shuffle(g, g, first), shuffle(v, v, second), shuffle(g, g, second))
             per_row = half
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+        ptr = _pointer(context, builder, signature.args[0], args[0], [args[1]])
         builder.store(g, builder.bitcast(ptr, g.type.as_pointer()), align=1)
         return context.get_dummy_value()
 
@@ -254,9 +254,7 @@ def prefetch(typingctx: Any, array: Any, i: Any, t: Any) -> Any:
     in (LLVM's ``llvm.prefetch``: read, keep in all levels); it never faults or waits."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]])
+        ptr = _pointer(context, builder, signature.args[0], args[0], [args[1], args[2]])
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
         # LLVM re-mangles the name for its pointer type (typed or opaque), so one name serves.
         fn = cgutils.get_or_insert_function(
