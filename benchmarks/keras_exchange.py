@@ -28,6 +28,8 @@ batch ``--batch``), one model per variant, interleaved with the pieces above:
 - ``step_lockstep``  the crossing and a barrier through mpinb's collective layer: synchronising
                      every step, moving nothing;
 - ``step_fused``     ``DistributedOptimizer`` as shipped;
+- ``step_graph``     ``DistributedOptimizer`` packing in the graph, as it does where TensorFlow has
+                     a GPU: one concatenation, one array across, summed in place, one split;
 - ``step_floor``     one blocking in-place ``MPI_Allreduce`` per gradient, straight on the arrays
                      the ``numpy_function`` receives, with no copy, no arrival and no deadline: a
                      reference only. Those arrays alias TensorFlow's own buffers (a constant, or a
@@ -60,7 +62,7 @@ from _machine import write_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "keras_exchange.json"
 SHAPES = [(784, 512), (512,), (512, 512), (512,), (512, 10), (10,)]
-STEP_VARIANTS = ("none", "hop", "lockstep", "fused", "floor")
+STEP_VARIANTS = ("none", "hop", "lockstep", "fused", "graph", "floor")
 
 
 def _step_variant(kind: str, comm, batch: int):
@@ -91,7 +93,9 @@ def _step_variant(kind: str, comm, batch: int):
                 comm.Allreduce(MPI.IN_PLACE, g, op=MPI.SUM)  # benchmark only: see the docstring
             return list(grads)
 
-        if kind != "fused":
+        if kind == "graph":
+            ex.pack_in_graph = True
+        elif kind != "fused":
             ex.reduce = {"hop": hop, "lockstep": lockstep, "floor": floor}[kind]
     model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(comm.Get_rank())

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinb._training.packing import Packer, divide_by_rows, sum_over_ranks
+from mpinb._training.packing import Packer, divide_by_rows, scale_in_place, sum_over_ranks
 
 __all__ = ["GradientExchange"]
 
@@ -127,6 +127,47 @@ class GradientExchange:
             packer = self._packers[key] = Packer(grads)
         bufs, out, finite = packer.fill(grads, scale)
         votes = (*(int(v > 0) for v in self.votes), int(not finite))
+        self._sum_and_vote(bufs, votes, out)
+        if rows is not None:
+            divide_by_rows(out, bufs)  # by the global batch (or the update's rows); none: all zero already
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def reduce_packed(self, packed: np.ndarray) -> np.ndarray:
+        """:meth:`reduce` for gradients the framework packed itself, into one flat array whose last
+        element is a slot: this rank's rows when weighing by batch, else unused. Returns the mean
+        over ranks in the same array, summed in place.
+
+        Collective; called once per update. The caller guarantees the array is its own: a fresh
+        buffer nothing else reads (TensorFlow: a concatenation no other op consumes, of which one
+        part is read at run time so it can never be folded into a constant; on a GPU, the copy to
+        the host made for this call). Scaling, the finiteness check and the sum then all happen in
+        that buffer, with no copy.
+        """
+        t0 = time.perf_counter()
+        rows = None
+        if self.by_batch:
+            rows = float(packed[-1])
+            packed[-1] = 1.0 if self.accumulate == 1 else rows  # after scaling: this rank's rows
+            scale = rows if self.accumulate == 1 else 1.0
+        else:
+            packed[-1] = 0.0
+            scale = self._scale()
+        finite = scale_in_place(packed, scale)
+        votes = (*(int(v > 0) for v in self.votes), int(not finite))
+        self._sum_and_vote([packed], votes, [packed])  # its first element is a gradient's
+        if rows is not None:
+            total = float(packed[-1])
+            if total > 0:
+                body = packed[:-1]
+                np.multiply(body, body.dtype.type(1.0 / total), out=body)
+        self.seconds += time.perf_counter() - t0
+        return packed
+
+    def _sum_and_vote(self, bufs: list[np.ndarray], votes: tuple[int, ...], gradients: list[np.ndarray]) -> None:
+        """Sum ``bufs`` over the ranks in place, with this rank's votes in the arrival; keep every
+        rank's votes, and under a loss-scale optimizer make a non-finite vote visible in the
+        ``gradients`` (their places in ``bufs``)."""
         try:
             op = sum_over_ranks(bufs, self.comm, "gradient exchange", votes)
         except BaseException as err:
@@ -144,11 +185,7 @@ class GradientExchange:
             # gradients. A non-finite value on any rank already spreads through the sum, but the
             # decision is the reduced vote, not each rank's reading of its own copy of the sum:
             # every rank skips the step and lowers its scale together.
-            _poison(out)
-        if rows is not None:
-            divide_by_rows(out, bufs)  # by the global batch (or the update's rows); none: all zero already
-        self.seconds += time.perf_counter() - t0
-        return out
+            _poison(gradients)
 
     def take_votes(self) -> tuple[bool, bool, bool]:
         """Whether any rank voted (interrupt, stop, non-finite) in the steps reduced since the last

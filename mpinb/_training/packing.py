@@ -13,7 +13,7 @@ from mpinb import _collective, _numba
 from mpinb._layout import BufferPool, Layout
 from mpinb.comm import bcast
 
-__all__ = ["Packer", "bcast_arrays", "divide_by_rows", "sum_over_ranks"]
+__all__ = ["Packer", "bcast_arrays", "divide_by_rows", "scale_in_place", "sum_over_ranks"]
 
 
 class Packer:
@@ -89,6 +89,15 @@ def bcast_arrays(values: Sequence[np.ndarray], *, root: int, comm: Any) -> list[
     buffers = (plan.pack(values) if is_root
                else [np.empty(n, dtype) for n, dtype in zip(plan.lengths, plan.dtypes, strict=True)])
     return plan.views([bcast(buf, root=root, comm=comm) for buf in buffers])
+
+
+def scale_in_place(buf: np.ndarray, scale: float) -> bool:
+    """Multiply a flat buffer by ``scale`` in place (``0`` writes zeros, whatever it held); returns
+    whether every value is finite, checked in the same pass (always true at ``0``)."""
+    if scale == 0:
+        buf.fill(0)
+        return True
+    return _scale_into(buf, buf.dtype.type(scale), buf)
 
 
 def _scale_into(src: np.ndarray, scale: Any, dst: np.ndarray) -> bool:

@@ -59,6 +59,16 @@ def comm() -> MPI.Comm:
     return COMM
 
 
+@pytest.fixture(params=["numpy", "graph"])
+def packing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways the Keras gradient exchange packs a step's gradients, here on a CPU: in NumPy (a
+    CPU's default) and in the graph, crossing to NumPy as one array (a GPU's default)."""
+    from mpinb.keras.optimizer import TensorExchange
+
+    monkeypatch.setattr(TensorExchange, "pack_in_graph", request.param == "graph")
+    return request.param
+
+
 @pytest.fixture(params=["self", "world"])
 def any_comm(request: pytest.FixtureRequest) -> MPI.Comm:
     """The same test body on COMM_SELF and on COMM_WORLD: the one-rank path must be correct too."""

@@ -91,7 +91,7 @@ class CountBatches(keras.callbacks.Callback):
     [lambda: keras.optimizers.SGD(0.05, momentum=0.9), lambda: keras.optimizers.Adam(0.01)],
     ids=["sgd_momentum", "adam"],
 )
-def test_gradients_equal_single_process_full_batch(digits, make_optimizer):
+def test_gradients_equal_single_process_full_batch(digits, make_optimizer, packing):
     X, y = digits
     X, y = X[:1792], y[:1792]  # 1792 = 4 × 448: equal shards at 1, 2 and 4 ranks
     global_batch = 64
@@ -118,6 +118,27 @@ def test_gradients_equal_single_process_full_batch(digits, make_optimizer):
     np.testing.assert_allclose(history["accuracy"], ref_history["accuracy"], rtol=1e-5)
     assert history["steps"] == [len(X) // global_batch] * 3
     np.testing.assert_allclose(np.mean(history["rank_loss"], axis=1), history["loss"], rtol=1e-6)
+
+
+def test_constant_gradients_come_back_averaged_every_step(packing):
+    """Gradients TensorFlow can fold into constants (and, packed in the graph, their packing too):
+    the exchange sums in place, so it must never write into a buffer the graph keeps. Each call
+    would then start from the last call's sum."""
+    import tensorflow as tf
+
+    from mpinb.keras.optimizer import TensorExchange
+
+    shapes = [(5, 3), (3,), (3, 2)]
+    def grads_of(rank):
+        rng = np.random.default_rng(rank)
+        return [rng.normal(size=s).astype(np.float32) for s in shapes]
+
+    expected = [np.mean(parts, axis=0) for parts in zip(*(grads_of(r) for r in range(SIZE)), strict=True)]
+    exchange = TensorExchange(MPI.COMM_WORLD)
+    step = tf.function(lambda: exchange.average([tf.constant(g) for g in grads_of(RANK)]))
+    for _ in range(3):
+        for got, want in zip(step(), expected, strict=True):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
 
 
 def test_uneven_digits_run_the_same_steps_everywhere(digits):
@@ -375,7 +396,7 @@ def test_batch_size_below_one(digits, batch_size):
 
 
 @pytest.mark.parametrize("strategy", ["gradients", "weights"])
-def test_nan_loss_stops_every_rank_together(strategy):
+def test_nan_loss_stops_every_rank_together(strategy, packing):
     rng = np.random.default_rng(RANK)
     n = 64 * 4
     Xl = rng.normal(size=(n, 8)).astype(np.float32)

@@ -56,7 +56,7 @@ def order(per_rank: int) -> np.ndarray:
 
 @pytest.mark.parametrize(("policy", "tolerance"), [("mixed_bfloat16", 3e-2), ("mixed_float16", 5e-3)],
                          indirect=["policy"])
-def test_a_mixed_precision_fit_equals_one_process_under_the_same_policy(policy, tolerance):
+def test_a_mixed_precision_fit_equals_one_process_under_the_same_policy(policy, tolerance, packing):
     X, y = data()
     Xl, yl = mpinb.shard(X, y)
     # A scale that overflows in no step: a full batch's float16 gradient can overflow where its
@@ -103,7 +103,7 @@ class Spike(keras.layers.Layer):
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16"], indirect=True)
-def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(policy):
+def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(policy, packing):
     X, y = data()
     Xl, yl = mpinb.shard(X, y)
     keras.utils.set_random_seed(4)

@@ -139,7 +139,7 @@ def test_batchnorm_statistics_per_local_batch_weighted_by_rows(digits, kind):
 
 
 @pytest.mark.parametrize("kind", ["even", "1:2:3", "empty_rank"])
-def test_accumulating_two_steps_equals_one_process_on_twice_the_batch(digits, kind):
+def test_accumulating_two_steps_equals_one_process_on_twice_the_batch(digits, kind, packing):
     X, y = digits
     shards = split(kind)
     mine = shards[RANK]
@@ -257,7 +257,7 @@ class UnionBatches(keras.utils.PyDataset):
 
 @pytest.mark.parametrize(("kind", "kind_of_split"), [("tf.data", "1:2:3"), ("PyDataset", "1:2:3"),
                                                      ("tf.data", "empty_rank"), ("PyDataset", "single_row")])
-def test_known_length_pipelines_use_every_batch_weighted_by_rows(digits, kind, kind_of_split):
+def test_known_length_pipelines_use_every_batch_weighted_by_rows(digits, kind, kind_of_split, packing):
     X, y = digits
     shards = split(kind_of_split)
     mine = shards[RANK]
