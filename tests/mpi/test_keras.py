@@ -269,7 +269,7 @@ def test_checkpoint_resume_continues_exactly(digits):
 
 
 @pytest.mark.parametrize("strategy", ["gradients", "weights"])
-def test_steps_per_execution_trains_exactly_like_one_step_per_call(digits, strategy):
+def test_steps_per_execution_trains_exactly_like_one_step_per_call(digits, strategy, packing):
     X, y = digits
     Xl, yl = mpinb.shard(X[:1024], y[:1024])  # 16 steps of 64 rows per epoch at every world size
     one = mlp(15, optimizer=keras.optimizers.Adam(0.01))
