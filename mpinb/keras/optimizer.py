@@ -192,8 +192,7 @@ class TensorExchange(GradientExchange):
         # This rank's rows in the step being traced, handed over by fit's train step wrapper
         # (mpinb.keras._step) while that step is traced.
         self.step_rows: Any = None
-        self._slot: Any = None  # the packed array's last element without rows: see _reduce_packed
-
+        self._slots: dict[Any, Any] = {}  # by dtype, the packed array's last element without rows
 
     def batch_rows(self) -> Any:
         """The traced step's rows when gradients are weighted by them as the step runs
@@ -266,7 +265,6 @@ class TensorExchange(GradientExchange):
             out_grads[i] = r if r.dtype == grads[i].dtype else tf.cast(r, grads[i].dtype)
         return out_grads
 
-
     def _packs_in_graph(self, dense: list[Any]) -> bool:
         """Whether this step's gradients are packed by TensorFlow, where they are, into one array
         that crosses to NumPy once (:meth:`_reduce_packed`); otherwise each crosses on its own and
@@ -298,9 +296,11 @@ class TensorExchange(GradientExchange):
 
         dtype = dense[0].dtype
         if rows is None:
-            if self._slot is None:
-                self._slot = tf.Variable(tf.zeros([1], dtype), trainable=False, name="mpinb_exchange_slot")
-            slot = self._slot.read_value()
+            if dtype not in self._slots:
+                with tf.init_scope():  # made outside the step being traced, so any trace may make it
+                    self._slots[dtype] = tf.Variable(tf.zeros([1], dtype), trainable=False,
+                                                     name="mpinb_exchange_slot")
+            slot = self._slots[dtype].read_value()
         else:
             slot = tf.reshape(tf.cast(rows, dtype), [1])
         sizes = [g.shape.num_elements() for g in dense]
