@@ -129,6 +129,7 @@ def test_constant_gradients_come_back_averaged_every_step(packing):
     from mpinb.keras.optimizer import TensorExchange
 
     shapes = [(5, 3), (3,), (3, 2)]
+
     def grads_of(rank):
         rng = np.random.default_rng(rank)
         return [rng.normal(size=s).astype(np.float32) for s in shapes]
