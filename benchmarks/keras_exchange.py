@@ -34,8 +34,7 @@ batch ``--batch``), one model per variant, interleaved with the pieces above:
                      the ``numpy_function`` receives, with no copy, no arrival and no deadline: a
                      reference only. Those arrays alias TensorFlow's own buffers (a constant, or a
                      tensor another op also reads, would be changed under it), so no shipped code
-                     may write them; it bounds what any exchange inside the step can reach.
-
+                     may write them; it bounds what any exchange inside the step can reach;
 - ``step_plain``     ``step_none`` followed by the ``plain`` Allreduce: that Allreduce where a step
                      would call it, after the step's compute has had the caches.
 

@@ -116,9 +116,8 @@ class GradientExchange:
             # or with accumulation of the update's micro-steps (the sums come weighted by rows).
             *means, last = grads
             rows = float(last)
-            slot = np.full(1, 1.0 if self.accumulate == 1 else rows, dtype=means[0].dtype)
-            grads = (*means, slot)  # after scaling, the slot holds this rank's rows
-            scale = rows if self.accumulate == 1 else 1.0
+            slot, scale = self._rows_slot(rows)
+            grads = (*means, np.full(1, slot, dtype=means[0].dtype))
         else:
             scale = self._scale()
         key = tuple((g.shape, g.dtype.str) for g in grads)
@@ -126,8 +125,7 @@ class GradientExchange:
         if packer is None:
             packer = self._packers[key] = Packer(grads)
         bufs, out, finite = packer.fill(grads, scale)
-        votes = (*(int(v > 0) for v in self.votes), int(not finite))
-        self._sum_and_vote(bufs, votes, out)
+        self._sum_and_vote(bufs, finite, out)
         if rows is not None:
             divide_by_rows(out, bufs)  # by the global batch (or the update's rows); none: all zero already
         self.seconds += time.perf_counter() - t0
@@ -148,26 +146,29 @@ class GradientExchange:
         rows = None
         if self.by_batch:
             rows = float(packed[-1])
-            packed[-1] = 1.0 if self.accumulate == 1 else rows  # after scaling: this rank's rows
-            scale = rows if self.accumulate == 1 else 1.0
+            packed[-1], scale = self._rows_slot(rows)
         else:
             packed[-1] = 0.0
             scale = self._scale()
         finite = scale_in_place(packed, scale)
-        votes = (*(int(v > 0) for v in self.votes), int(not finite))
-        self._sum_and_vote([packed], votes, [packed])  # its first element is a gradient's
+        self._sum_and_vote([packed], finite, [packed])  # its first element is a gradient's
         if rows is not None:
-            total = float(packed[-1])
-            if total > 0:
-                body = packed[:-1]
-                np.multiply(body, body.dtype.type(1.0 / total), out=body)
+            divide_by_rows([packed[-1:]], [packed])
         self.seconds += time.perf_counter() - t0
         return packed
 
-    def _sum_and_vote(self, bufs: list[np.ndarray], votes: tuple[int, ...], gradients: list[np.ndarray]) -> None:
-        """Sum ``bufs`` over the ranks in place, with this rank's votes in the arrival; keep every
-        rank's votes, and under a loss-scale optimizer make a non-finite vote visible in the
-        ``gradients`` (their places in ``bufs``)."""
+    def _rows_slot(self, rows: float) -> tuple[float, float]:
+        """Weighing by batch: the rows slot's value before scaling, and this rank's scale, so that
+        after scaling the slot holds this rank's ``rows`` (of the step's batch, whose mean the
+        gradients are; or with accumulation of the update's micro-steps, whose sums come weighted
+        by rows)."""
+        return (1.0, rows) if self.accumulate == 1 else (rows, 1.0)
+
+    def _sum_and_vote(self, bufs: list[np.ndarray], finite: bool, gradients: list[np.ndarray]) -> None:
+        """Sum ``bufs`` over the ranks in place, with this rank's votes (and whether its gradients
+        are ``finite``) in the arrival; keep every rank's votes, and under a loss-scale optimizer
+        make a non-finite vote visible in the ``gradients`` (their places in ``bufs``)."""
+        votes = (*(int(v > 0) for v in self.votes), int(not finite))
         try:
             op = sum_over_ranks(bufs, self.comm, "gradient exchange", votes)
         except BaseException as err:
