@@ -10,6 +10,12 @@ is left behind however a process ends. No MPI here: the collective layer exchang
 Beside each row, a *where* file: a rank asked where it is (``ask_where``) receives ``SIGUSR2`` and
 Python's ``faulthandler`` writes its threads' stacks there from the signal handler itself, so the
 answer comes even while the rank computes in C code, sleeps or is blocked in its own MPI call.
+
+``/dev/shm`` is shared by every account on the machine, so no file here has a name another account
+can know before it exists: each is created under a random name with ``O_EXCL | O_NOFOLLOW`` (a
+planted symlink, file or FIFO makes the creation fail, never redirects it), the where file's name
+travels in its owner's row, and a rank opens another's file only if it is a regular file of its
+own account that nobody else may read (:func:`_open_own`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
+from stat import S_ISREG
 
 import numpy as np
 
@@ -40,7 +47,8 @@ _NAME = slice(8, 16)  # 64 bytes of UTF-8
 # this rank's collectives were then (generation, operations begun) and how it ended.
 _CELL_RUNNING, _ENDED_CELL, _ENDED_GEN, _ENDED_INDEX, _ENDED_NS = range(16, 21)
 _MAIN_THREAD, _STARTED = 21, 22  # the main thread's ident, and when the process started (clock ticks)
-_ENDED_TEXT = slice(23, 64)  # 328 bytes of UTF-8: "raised ZeroDivisionError: division by zero"
+_WHERE_NAME = slice(23, 25)  # the 16 random bytes that name this process's where file (0: none)
+_ENDED_TEXT = slice(25, 64)  # 312 bytes of UTF-8: "raised ZeroDivisionError: division by zero"
 _TEXT_BYTES = (_ENDED_TEXT.stop - _ENDED_TEXT.start) * 8
 
 # Phases of an operation, and how it ended: the protocol table's (:mod:`.protocol`).
@@ -113,8 +121,7 @@ class Board:
 
     def __init__(self) -> None:
         folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-        self.path = os.path.join(folder, f"mpinb-board-{uuid.uuid4().hex}")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd, self.path = _create_private(folder, "mpinb-board-")
         try:
             os.ftruncate(fd, _WORDS * 8)
             self._own_map = mmap.mmap(fd, _WORDS * 8)
@@ -126,6 +133,8 @@ class Board:
         self.mine[_MAIN_THREAD] = threading.main_thread().ident or 0
         self.mine[_STARTED] = _started(os.getpid())
         self._where = _own_where_file(folder)
+        if self._where is not None:
+            self.mine[_WHERE_NAME] = memoryview(_where_token(self._where)).cast("q")
         self.peers: dict[int, np.ndarray] = {}
         self.shared = self.mine  # the host's shared words live in the leader's file
         self._maps: list[mmap.mmap] = []
@@ -139,7 +148,7 @@ class Board:
         for rank, path in paths.items():
             writable = rank == leader
             try:
-                fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+                fd = _open_own(path, os.O_RDWR if writable else os.O_RDONLY)
             except OSError:
                 continue
             try:
@@ -152,7 +161,9 @@ class Board:
             self.peers[rank] = np.frombuffer(mapped, dtype=np.int64)
             if writable:
                 self.shared = memoryview(mapped).cast("q")
-            _open_where_file(os.path.dirname(path), int(self.peers[rank][_PID]), int(self.peers[rank][_STARTED]))
+            words = self.peers[rank]
+            token = np.ascontiguousarray(words[_WHERE_NAME]).tobytes()
+            _open_where_file(os.path.dirname(path), int(words[_PID]), int(words[_STARTED]), token)
 
     def host_revoked(self) -> int:
         """1 + the newest generation a rank on this host gave up on (0: none)."""
@@ -296,7 +307,7 @@ _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func
 
 
 # One where file per process, whichever communicators it is on (faulthandler writes to one file per
-# signal), named by PID and start time so that the ranks on its host find it; they keep it open.
+# signal), under a random name its row gives to the ranks on its host; they keep it open.
 _own_where: str | None = None
 _peer_where: dict[tuple[int, int], int] = {}
 # One asker at a time per where file: an asker's truncation would cut another's answer short. The
@@ -317,16 +328,49 @@ def _try_lock(fd: int) -> bool:
     return True
 
 
-def _where_path(folder: str, pid: int, started: int) -> str:
-    return os.path.join(folder, f"mpinb-where-{pid}-{started}")
+_WHERE_PREFIX = "mpinb-where-"
+_CREATE_TRIES = 8  # fresh random names to try when one exists (only someone else's planting makes one)
+
+
+def _create_private(folder: str, prefix: str, flags: int = 0) -> tuple[int, str]:
+    """A new file of this account's, readable by it alone, at ``folder/prefix<32 random hex digits>``:
+    ``(fd, path)``. ``O_EXCL | O_NOFOLLOW``: a name someone else took (a symlink to one of our
+    files, a file they can read, a FIFO) is never opened, only skipped for another."""
+    for _ in range(_CREATE_TRIES):
+        path = os.path.join(folder, prefix + uuid.uuid4().hex)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | flags, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{_CREATE_TRIES} random names in {folder} all existed")
+
+
+def _open_own(path: str, flags: int) -> int:
+    """Open another rank's board or where file: only a regular file (never through a symlink, never a
+    FIFO, which could block the open) that belongs to this account and that no other account may
+    read or write. A rank's files are made so (:func:`_create_private`); anything else at the path
+    was put there by someone else."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise PermissionError(f"{path} is not a private file of this account")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _where_token(path: str) -> bytes:
+    """The 16 bytes that name the where file at ``path`` in its owner's row."""
+    return bytes.fromhex(os.path.basename(path)[len(_WHERE_PREFIX):])
 
 
 def _own_where_file(folder: str) -> str | None:
     global _own_where
     if _own_where is None and _WHERE_SIGNAL is not None:
-        path = _where_path(folder, os.getpid(), _started(os.getpid()))
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            fd, path = _create_private(folder, _WHERE_PREFIX, os.O_APPEND)
         except OSError:
             return None
         _ignore_when_unhandled(_WHERE_SIGNAL)
@@ -348,10 +392,10 @@ def _ignore_when_unhandled(signum: int) -> None:
         pass
 
 
-def _open_where_file(folder: str, pid: int, started: int) -> None:
-    if (pid, started) not in _peer_where and started:
+def _open_where_file(folder: str, pid: int, started: int, token: bytes) -> None:
+    if (pid, started) not in _peer_where and started and any(token):
         try:
-            _peer_where[(pid, started)] = os.open(_where_path(folder, pid, started), os.O_RDWR)
+            _peer_where[(pid, started)] = _open_own(os.path.join(folder, _WHERE_PREFIX + token.hex()), os.O_RDWR)
         except OSError:
             pass
 

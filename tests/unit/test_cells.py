@@ -50,12 +50,18 @@ def test_a_cell_record_written_on_one_board_is_read_on_another() -> None:
         peer.unlink()
 
 
-def _remove_board_files(pid: int, path: str) -> None:
-    """A killed child's board (``path``) and where file, which it had no chance to unlink."""
-    folder = os.path.dirname(path)
-    for name in os.listdir(folder):
-        if name.startswith(f"mpinb-where-{pid}-") or path.endswith(name):
-            os.unlink(os.path.join(folder, name))
+def _remove_board_files(path: str) -> None:
+    """A killed child's board (``path``) and where file (named in its row), which it had no chance
+    to unlink."""
+    with open(path, "rb") as row:
+        words = memoryview(row.read()).cast("q")
+    token = bytes(words[_board._WHERE_NAME].cast("B"))
+    for leftover in (path, os.path.join(os.path.dirname(path), "mpinb-where-" + token.hex())):
+        if any(token) or leftover == path:
+            try:
+                os.unlink(leftover)
+            except FileNotFoundError:
+                pass
 
 
 def test_ask_where_names_the_function_another_process_is_in(tmp_path) -> None:
@@ -82,7 +88,7 @@ def test_ask_where_names_the_function_another_process_is_in(tmp_path) -> None:
         proc.kill()
         proc.wait()
         me.unlink()
-        _remove_board_files(proc.pid, path)
+        _remove_board_files(path)
 
 
 _ASKER = """
@@ -132,7 +138,7 @@ def test_ranks_asking_one_process_at_once_all_get_its_answer(tmp_path) -> None:
             a.kill()
         proc.kill()
         proc.wait()
-        _remove_board_files(proc.pid, path)
+        _remove_board_files(path)
 
 
 def test_an_answer_cut_short_or_still_being_written_is_never_misread() -> None:
