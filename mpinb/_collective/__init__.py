@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from mpinb._collective.fused import plan
+from mpinb._roles import refuse_client
 from mpinb._words import on_ranks
 from mpinb.deadline import DEFAULT
 
@@ -36,9 +37,12 @@ def channel(comm: Any = None) -> Channel:
     """The channel of ``comm`` (default ``COMM_WORLD``), made on first use.
 
     Creating it communicates nothing: the set-up exchange runs inside the first operation.
+    ``comm=None`` in the client of a running ``MPICluster`` raises, before MPI is imported
+    (:mod:`mpinb._roles`): the ranks are its engines, not this process.
     """
     if comm is None:
         global _world
+        refuse_client()
         if _world is None:
             from mpi4py import MPI
 

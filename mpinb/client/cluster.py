@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from mpinb import _engine
+from mpinb import _engine, _roles
 from mpinb.client import _health
 from mpinb.client._exits import ExitOrder
 from mpinb.client._health import Health
@@ -322,6 +322,7 @@ class MPICluster:
 
     def _identify(self, ids: list[int]) -> None:
         """Learn which engine is which rank, check they form one world, and set every engine up."""
+        _roles.note_cluster(self)  # from now on, a collective typed in this client raises (mpinb._roles)
         view = self.client.direct_view(targets=ids)
         found = view.apply_sync(_engine.identity)
         by_eid = dict(zip(ids, found, strict=True))
