@@ -97,6 +97,26 @@ def test_every_public_method_has_an_entry_inherited_ones_included(site: Path) ->
     assert not missing, f"public methods without an entry on their class's page: {missing}"
 
 
+def test_every_tutorial_shows_the_outputs_of_its_code() -> None:
+    """The site renders the tutorials with their saved outputs: each code cell must have run, as it
+    reads now, in the notebooks tier (``python3 tests/run.py --tier notebooks --save-outputs``), and
+    each tutorial shows its figures."""
+    import nbformat
+
+    from support.saved_outputs import stale_cells
+
+    problems = {}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        found = stale_cells(nb)
+        if not any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", [])):
+            found.append("no figure saved")
+        if found:
+            problems[path.name] = found
+    assert not problems, ("tutorials whose saved outputs do not come from their code (rerun "
+                          f"`python3 tests/run.py --tier notebooks --save-outputs`): {problems}")
+
+
 def test_pages_render_in_chromium(site: Path) -> None:
     _need(f"{CHROMIUM} (apt-get install chromium)", os.path.exists(CHROMIUM))
     try:

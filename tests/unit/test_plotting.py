@@ -633,3 +633,35 @@ def test_watch_refuses_what_is_not_an_async_result_before_drawing(value) -> None
     with pytest.raises(TypeError, match=r"watch\(\) takes the AsyncResult of a `%%px --noblock` cell.*got "
                                         + type(value).__qualname__):
         watch(value, display=False)
+
+
+def test_watch_leaves_a_line_of_text_where_its_progress_bar_was(monkeypatch) -> None:
+    # A saved notebook keeps a widget without its state: its text stand-in was the bar's first frame.
+    pytest.importorskip("ipywidgets")
+    import IPython.display
+
+    from mpinb.live import KEY, watch
+
+    shown: list[list] = []
+
+    class Handle:
+        def __init__(self, first) -> None:
+            self.history = [first]
+
+        def update(self, obj) -> None:
+            self.history.append(obj)
+
+    def display(obj, display_id=False):
+        shown.append((handle := Handle(obj)).history)
+        return handle
+
+    message = {"run": "r", "kind": "loss", "step": 3, "total": 3, "done": True, "steps": [1, 2, 3],
+               "series": {"loss": [1.0, 0.5, 0.25]}}
+    ar = SimpleNamespace(ready=lambda: True, get=lambda: "result", data={KEY: message})
+    monkeypatch.setattr(IPython.display, "display", display)
+    seen = watch(ar, display=True)
+    bar_history = shown[0]
+    assert type(bar_history[0]).__name__ == "IntProgress" and bar_history[0].value == 3
+    assert type(bar_history[-1]).__name__ == "Pretty" and bar_history[-1].data == "progress: epoch 3 of 3, done"
+    assert bar_history[0].comm is None  # the widget was closed
+    assert seen.result == "result"
