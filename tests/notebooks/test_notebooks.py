@@ -32,6 +32,8 @@ def run_notebook(name: str, parameters: dict, results: list[str], timeout: int =
     convention) and return the values of ``results`` from the kernel's namespace (pickled, so
     arrays arrive as arrays)."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    # A tutorial saved with its outputs keeps the parameters they were made with: these replace them.
+    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
     index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", []))
     overrides = "\n".join(f"{key} = {value!r}" for key, value in parameters.items())
     nb.cells.insert(index + 1, nbformat.v4.new_code_cell(overrides, metadata={"tags": ["injected-parameters"]}))
