@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,20 @@ def test_info_slurm_diagnoses_singletons_without_pmi(slurm):
 def _mpinb_info(args: list[str]) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "mpinb.client.cli", "info", *args]
     return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
+
+
+def test_engines_start_through_the_relay_with_pmi2_only(slurm, monkeypatch):
+    from mpinb.client.slurm import SlurmEngines
+
+    relay = pmi_relay("pmi2")
+    batch = SlurmEngines(2, ["--mpi=pmi2"], {})
+    try:
+        _, conf = batch.settings()
+        assert f"--mpi=pmi2 {shlex.join(relay)} {{program}} --mpi" in conf["SlurmEngineSetLauncher"]["batch_template"]
+    finally:
+        batch.remove_script()
+    monkeypatch.setenv("SLURM_JOB_ID", "1")  # inside an allocation: an srun step
+    _, conf = SlurmEngines(2, ["--mpi=pmi2"], {}).settings()
+    assert conf["MPILauncher"]["mpi_args"] == relay
+    _, conf = SlurmEngines(2, ["--mpi=pmix"], {}).settings()
+    assert conf["MPILauncher"]["mpi_args"] == [] and pmi_relay("pmix") == []
