@@ -11,6 +11,8 @@ Private; collective unless a function says local.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -22,7 +24,15 @@ __all__ = ["RankAware", "agree", "set_feature_names"]
 
 class RankAware:
     """Mixin of mpinb's estimators, placed before scikit-learn's ``BaseEstimator``: a pickled
-    model keeps arrays and scalars only."""
+    model keeps arrays and scalars only; each class's ``fit`` runs as one mpinb call (see
+    :func:`mpinb._collective.collective_call`: a rank whose own code raises inside it between two
+    collectives ends the other ranks' waits)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fit = cls.__dict__.get("fit")
+        if callable(fit) and not getattr(fit, "_mpinb_call", False):
+            cls.fit = _one_call(fit)  # type: ignore[attr-defined]
 
     def __getstate__(self) -> dict[str, Any]:
         # A communicator belongs to the processes that created it; a pickled model (pulled to the
@@ -31,6 +41,19 @@ class RankAware:
         state["comm"] = None
         state.pop("_on_iteration", None)
         return state
+
+
+def _one_call(fit: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fit)
+    def one_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from mpinb._checks import default_comm
+        from mpinb._collective import collective_call
+
+        with collective_call(f"{type(self).__name__}.fit", default_comm(getattr(self, "comm", None))):
+            return fit(self, *args, **kwargs)
+
+    one_call._mpinb_call = True  # type: ignore[attr-defined]
+    return one_call
 
 
 def agree(config: Any, n_features: int | None, name: str, *, comm: Any, names: np.ndarray | None = None) -> None:

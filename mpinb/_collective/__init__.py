@@ -14,7 +14,8 @@ Nothing here imports ``mpi4py.MPI`` until a channel is made, so ``import mpinb``
 from __future__ import annotations
 
 import atexit
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
     from mpinb._collective.ops import Op
     from mpinb.interrupt import StopFlag
 
-__all__ = ["allgather", "allreduce", "barrier", "bcast", "cell_end_check", "channel", "collective", "common_exception",
-           "failures", "gather", "gather_rows", "reduce_in_place", "vote"]
+__all__ = ["allgather", "allreduce", "barrier", "bcast", "cell_end_check", "channel", "collective", "collective_call",
+           "common_exception", "failures", "gather", "gather_rows", "reduce_in_place", "vote"]
 
 
 def channel(comm: Any = None) -> Channel:
@@ -214,6 +215,61 @@ def cell_end_check(value: Any = None) -> Any:
         for chan in list(_channels.values()):
             chan.end_cell_check(cell)
     return value
+
+
+@contextmanager
+def collective_call(name: str, comm: Any) -> Iterator[None]:
+    """Run an mpinb call every rank of ``comm`` makes (``mpinb.keras.fit``, ``KMeans.fit``) named
+    ``name``: ``with collective_call("mpinb.keras.fit", comm):``, with ``comm`` resolved.
+
+    An exception of this rank's own code (TensorFlow's error in a train step, a callback's) that
+    escapes the call between two operations would leave the other ranks waiting for its next
+    collective: in a script nothing else ends that wait. This rank then revokes the generation at
+    the place it will not take (:meth:`~mpinb._collective.channels.Channel.raised_between`), and
+    the ranks in the same call raise within their next look at their notices, naming this rank and
+    its error; a rank that has already left the call (the error came after its last collective)
+    runs its next collective on the next generation, where this rank's next one meets it. Errors
+    the layer raised (a timeout, an abandoned or mismatched collective, a decision every rank
+    raises) were dealt with where they arose, and pass untouched; so do interrupts, which the
+    stop flags handle. In a cell the cell's end names the rank instead, and with one rank nothing
+    waits.
+    """
+    chan = channel(comm)
+    if chan.size == 1:
+        yield
+        return
+    if chan.depth == 0:
+        chan.calls += 1
+        chan.scope = (name, chan.calls)
+    chan.depth += 1
+    try:
+        yield
+    except Exception as err:
+        if not _raised_together(err):
+            chan.raised_between(err, name)
+        raise
+    finally:
+        chan.depth -= 1
+        if chan.depth == 0:
+            chan.scope = None
+
+
+def _raised_together(err: BaseException) -> bool:
+    """Whether the collective layer raised ``err`` (a timeout, an abandoned or mismatched
+    collective: every rank concerned was told) or one of its decisions every rank raises alike
+    (``check_all``, ``raise_together``, ``on_root``: raised where the decision was read)."""
+    from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
+
+    if isinstance(err, (CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout)):
+        return True
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = "" if tb is None else tb.tb_frame.f_globals.get("__name__", "")
+    return module.startswith(_DECIDING)
+
+
+_DECIDING = ("mpinb._collective", "mpinb.agreement", "mpinb.comm")  # modules whose raises every rank makes
 
 
 def _no_rows_message(name: str, scalars: list[bool], size: int) -> str:

@@ -66,6 +66,10 @@ class Channel:
         self._sends: list[Any] = []
         self._remote_cells: dict[int, _board.CellRecord] = {}  # ranks on other hosts, from their notices
         self.ledger = _p.CellLedger()  # this rank's collectives in the current cell
+        # The outermost mpinb call (fit, evaluate) in progress here: its name and count on this
+        # channel, the same on every rank (every rank makes the same calls), and how deeply nested.
+        self.scope: tuple[str, int] | None = None
+        self.calls = self.depth = 0
         # The thread whose operation is in progress: MPI pairs a rank's calls by their order on the
         # communicator, so a second thread's call would interleave with the first one's messages.
         self._owner: int | None = None
@@ -236,7 +240,7 @@ class Channel:
         note = gen.revoked
         assert note is not None
         gen.left = True
-        complete, late = _p.late_arrival(note, gen.index, self.rank, cell, digest)
+        complete, late = _p.late_arrival(note, gen.index, self.rank, cell, digest, self.scope)
         if complete:
             # This rank never reached the abandoned collective, so the others' arrivals are still
             # pending: complete them with a matching arrival, so MPI holds no request for ever.
@@ -457,6 +461,40 @@ class Channel:
             if why is not None:
                 return r, why
         return None
+
+    def raised_between(self, error: BaseException, where: str) -> None:
+        """This rank's own code raised ``error`` in the mpinb call ``where``, between two operations
+        of this channel, in a script (see :func:`mpinb._collective.collective_call`): revoke the
+        generation at the place this rank will not take, naming itself and its error, so that a rank
+        waiting there (or arriving later from the same call) raises at once, and complete the
+        arrivals the others post there. A rank that finds that place revoked already (another rank
+        raised there too) only completes them. In a cell the cell-end path names it instead; and
+        where an operation is in progress (another thread's), that operation gives up for itself."""
+        if self.size == 1 or not self.ready or self.closed or self._owner is not None or cells.current().id:
+            return
+        self.notices()
+        gen = self.gens[self.active]
+        if gen.request is not None:
+            return  # it failed while moving to a fresh communicator: the move's own waits name it
+        place = gen.index + 1
+        note = gen.revoked
+        if note is None:
+            gen.revoked = note = {"gen": gen.number, "index": place, "name": where, "rank": self.rank,
+                                  "why": texts.raised_between_why(error, where), "time": time.time(), "missing": None,
+                                  "timeout": None, "cell": 0, "digest": None, "departed": None, "scope": self.scope}
+            self._sends += _notices.start(self.ctrl, _notices.REVOKED, self.rank, note, self.hosts,
+                                          self._host_peers())
+            if self.board is not None:
+                self.board.mark_revoked(gen.number)
+            self._post_next()
+        elif note["index"] != place:
+            return  # given up at a place this rank has taken: it was told, or told the others
+        # This rank takes that place with an arrival that says so: the ranks that posted theirs are
+        # released (and none is left pending when this rank exits without another collective).
+        gen.abandoned_here = True
+        gen.index = place
+        header = _p.abandoned_header()
+        gen.pending.append(([gen.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.MIN)], header))
 
 
 class _CellRecord(str):

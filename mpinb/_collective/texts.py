@@ -134,6 +134,8 @@ def interrupted_error(op: Op, phase: int) -> KeyboardInterrupt:
 
 def abandoned_error(op: Op, note: dict[str, Any]) -> CollectiveTimeout | CollectiveAbandoned:
     rank = op.chan.rank
+    if "scope" in note:
+        return raised_between_error(op.name, op.index, rank, note)
     if note.get("missing") is not None:
         # Another waiting rank's deadline passed first: this rank waited for the same ranks.
         missing = {r: why for r, why in note["missing"].items() if r != rank}
@@ -158,6 +160,8 @@ def left_error(op: Op, left: int, why: str) -> CollectiveAbandoned:
 
 
 def stale_error(name: str, index: int, rank: int, note: dict[str, Any]) -> CollectiveAbandoned:
+    if "scope" in note:
+        return raised_between_error(name, index, rank, note)
     ago = time.time() - note["time"]
     return CollectiveAbandoned(
         f"{name} #{index} on rank {rank} came too late: rank {note['rank']} abandoned {note['name']} "
@@ -289,4 +293,26 @@ def second_thread_error(name: str, rank: int, owner: int) -> RuntimeError:
         "by their order on a communicator, so two threads calling at once would exchange wrong "
         "values or hang: call collectives from one thread at a time (join the other thread first), "
         "or give each thread its own communicator (comm.Dup() on every rank, in the same order)."
+    )
+
+def raised_between_why(error: BaseException, where: str, limit: int = 240) -> str:
+    """``"raised InvalidArgumentError: Received a label value of 7 ... in mpinb.keras.fit"``: the
+    error's type and the line that says what went wrong. TensorFlow's graph errors open with the
+    Python frames that built the failing node and close with the node's name: both left out."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    said = [line for line in lines if line and not line.startswith(("File ", "[[", "Detected at node"))
+            and line != "Graph execution error:"]
+    text = " ".join(" ".join(said[:1]).split())
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return f"raised {type(error).__name__}" + (f": {text}" if text else "") + f" in {where}"
+
+
+def raised_between_error(name: str, index: int, rank: int, note: dict[str, Any]) -> CollectiveAbandoned:
+    """``note``'s rank raised between two collectives of an mpinb call this rank is in (see
+    :meth:`Channel.raised_between`), and will not enter ``name #index``."""
+    return CollectiveAbandoned(
+        f"{name} #{index} stopped on rank {rank}: rank {note['rank']} {note['why']}, between two collectives, "
+        f"so it will not enter this one. {NEXT}",
+        operation=name, by=note["rank"], reason=note["why"], rank=rank,
     )

@@ -316,6 +316,12 @@ class Raise:
 
 
 @dataclass
+class RaiseBetween:
+    """The rank's framework raises here, between two collectives of the scenario's mpinb call
+    (``Scenario.fit``): TensorFlow's error in one rank's train step."""
+
+
+@dataclass
 class Die:
     """The rank's process dies here."""
 
@@ -342,6 +348,10 @@ class Scenario:
     deaths: list[tuple[int, int]] = field(default_factory=list)
     freezes: dict[tuple[int, int], float] = field(default_factory=dict)
     script: bool = False  # a batch script: no cells (cell 0), and it catches each collective's error
+    # Each cell's steps are one mpinb call (mpinb._collective.collective_call, as mpinb.keras.fit):
+    # an error inside it ends the call (in a script, caught after it).
+    fit: bool = False
+
 
 
 def value_of(label: str, rank: int) -> float:
@@ -711,7 +721,7 @@ class Sim:
                 error: BaseException | None = None
                 begun = 0
                 try:
-                    for step in cells[c][r]:
+                    for step in self._steps(rank, cells[c][r]):
                         if isinstance(step, Call):
                             begun += 1
                             self.rec.ops_begun[r, c + 1] = begun
@@ -719,7 +729,7 @@ class Sim:
                             try:
                                 self._call(rank, c + 1, step)
                             except Exception:  # noqa: BLE001 - a script that goes on after an error
-                                if not self.sc.script:
+                                if not self.sc.script or self.sc.fit:
                                     raise
                         elif isinstance(step, Compute):
                             self.compute(step.seconds)
@@ -752,6 +762,19 @@ class Sim:
             chan.close()
         finally:
             rank.state = FINISHED
+
+    def _steps(self, rank: Rank, steps: list[Any]) -> Any:
+        """A cell's steps; with ``Scenario.fit``, inside one mpinb call, where a ``RaiseBetween`` is
+        raised (a collective's error leaves the loop, and the call with it, as it leaves fit)."""
+        if not self.sc.fit:
+            yield from steps
+            return
+        with _collective.collective_call("fit", rank.chan.parent):
+            for step in steps:
+                if isinstance(step, RaiseBetween):
+                    self.fault(rank, "raise")
+                    raise RuntimeError(f"simulated: rank {rank.r}'s framework raised in its train step")
+                yield step
 
     def _idle(self, rank: Rank) -> None:
         rank.state, rank.wake_at = IDLE, self.now + IDLE_TICK
