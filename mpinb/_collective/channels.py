@@ -290,6 +290,12 @@ class Channel:
         gen.revoked = note = {"gen": gen.number, "index": op.index, "name": op.name, "rank": self.rank,
                               "why": why or "abandoned", "time": time.time(), "missing": missing,
                               "timeout": op.timeout, "cell": op.cell, "digest": op.digest, "departed": departed}
+        if departed is not None:
+            # Where it ended its cell, as this rank saw it: a rank on another host may hear of the
+            # revocation before that rank's own cell-end note (the cell-end comparison needs it).
+            record = self.cell_record(departed)
+            if record is not None:
+                note["ended"] = (record.ended_cell, record.ended_gen, record.ended_index)
         self._sends += _notices.start(self.ctrl, _notices.REVOKED, self.rank, note, self.hosts, self._host_peers())
         if self.board is not None:
             self.board.mark_revoked(gen.number)
@@ -420,12 +426,23 @@ class Channel:
             with self.begin(_p.CELL_END, layout, what="the collectives of this cell"):
                 pass
         except CollectiveAbandoned as err:
+            # The note that ended the comparison: on the generation still active where this rank
+            # was told while waiting, the one before where it was told on entry.
+            note = next((g.revoked for g in reversed(self.gens) if g.revoked is not None), None)
+            same = note is not None and note["name"] == _p.CELL_END and note.get("cell") == cell.id \
+                and note.get("digest") == digest_of(_p.CELL_END, layout)
+            if note is not None and note.get("departed") is None:
+                if same:
+                    # The rank that gave up had made the same collectives: it was interrupted in
+                    # the comparison, or met there from its next cell.
+                    return
+                raise  # it gave up on an earlier collective (one this rank completed): nothing diverged
+            if err.by is not None and self.board is not None and self.hosts[err.by] == self.host \
+                    and not self.board.alive(err.by):
+                raise  # it died: that is all this rank knows, and what it says
+            if same and note is not None and note.get("ended") == (cell.id, note["gen"], note["index"] - 1):
+                return  # it ended its cell (an error: no comparison) after the same collectives
             record = None if err.by is None else self.cell_record(err.by)
-            gen = self.gens[self.active - 1] if self.active else None
-            if (record is not None and gen is not None and gen.revoked is not None
-                    and record.ended_cell == cell.id and record.ended_gen == gen.number
-                    and record.ended_index == gen.revoked["index"] - 1):
-                return  # it raised after the same collectives as this rank: nothing diverged
             raise texts.cell_divergence_error(self.rank, err.by, record, ledger) from None
 
     def cell_record(self, rank: int) -> _board.CellRecord | None:

@@ -49,7 +49,11 @@ def whereabouts(chan: Channel, gen: Gen | None, index: int, cell: int,
                 missing[r] = (f"on host {chan.hosts[r]}, whose status is not visible from {chan.host}"
                               if chan.hosts[r] != chan.host else "its status could not be read")
             continue
-        if row.gen > number or (row.gen == number and row.index >= index):
+        if chan.board is not None and chan.board.stopped(r):
+            # Arrived or not, it holds the operation up: its MPI progress is stopped with it.
+            missing[r] = ("its process is stopped (SIGSTOP, Ctrl-Z or a debugger); its last mpinb collective: "
+                          + row.describe(now))
+        elif row.gen > number or (row.gen == number and row.index >= index):
             arrived.append(r)
         elif row.inside:
             missing[r] = f"it is in {row.describe(now)}"
@@ -148,8 +152,15 @@ def abandoned_error(op: Op, note: dict[str, Any]) -> CollectiveTimeout | Collect
     return CollectiveAbandoned(
         f"{op.name} #{op.index} stopped on rank {rank}: rank {note['rank']} gave up on "
         f"{note['name']} #{note['index']} ({note['why']}). {NEXT}",
-        operation=op.name, by=note["rank"], reason=note["why"], rank=rank,
+        operation=op.name, by=_cause(note), reason=note["why"], rank=rank,
     )
+
+
+def _cause(note: dict[str, Any]) -> int:
+    """The rank whose action ended the collective ``note`` revoked: the rank that left, where the
+    revoking rank gave up because one did, else the revoking rank."""
+    departed = note.get("departed")
+    return note["rank"] if departed is None else departed
 
 
 def left_error(op: Op, left: int, why: str) -> CollectiveAbandoned:
@@ -168,7 +179,7 @@ def stale_error(name: str, index: int, rank: int, note: dict[str, Any]) -> Colle
         f"#{note['index']} {ago:.1f} s ago ({note['why']}), and this call is that collective, so it raises "
         "instead of pairing with another call. Every rank is on a fresh communicator now: the next "
         "collective works once every rank calls it.",
-        operation=name, by=note["rank"], reason=note["why"], rank=rank,
+        operation=name, by=_cause(note), reason=note["why"], rank=rank,
     )
 
 
@@ -294,6 +305,7 @@ def second_thread_error(name: str, rank: int, owner: int) -> RuntimeError:
         "values or hang: call collectives from one thread at a time (join the other thread first), "
         "or give each thread its own communicator (comm.Dup() on every rank, in the same order)."
     )
+
 
 def raised_between_why(error: BaseException, where: str, limit: int = 240) -> str:
     """``"raised InvalidArgumentError: Received a label value of 7 ... in mpinb.keras.fit"``: the
