@@ -46,6 +46,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -146,6 +147,9 @@ def main() -> int:
     parser.add_argument("-k", dest="keyword", help="pytest -k expression")
     parser.add_argument("--np", default=",".join(map(str, MPI_SIZES)), help="MPI world sizes (default 1,2,3,4)")
     parser.add_argument("--no-install", action="store_true", help="use the current Python as is")
+    parser.add_argument("--save-outputs", action="store_true",
+                        help="the notebooks tier writes each tutorial it ran and checked back to notebooks/, "
+                             "with its outputs (what the documentation site shows)")
     args = parser.parse_args()
 
     if not args.no_install and not in_venv():
@@ -154,9 +158,6 @@ def main() -> int:
 
     run_id = uuid.uuid4().hex
     reports = Path(tempfile.mkdtemp(prefix="mpinb-test-reports-"))
-    parser.add_argument("--save-outputs", action="store_true",
-                        help="the notebooks tier writes each tutorial it ran and checked back to notebooks/, "
-                             "with its outputs (what the documentation site shows)")
     env = dict(os.environ, MPINB_TEST_RUN_ID=run_id, MPINB_TEST_REPORT_DIR=str(reports), PYTHONUNBUFFERED="1")
     env.setdefault("MPLBACKEND", "Agg")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -164,6 +165,8 @@ def main() -> int:
     # Put the venv's mpiexec first on PATH for anything the tests start.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     extra = ["-k", args.keyword] if args.keyword else []
+    if args.save_outputs:
+        env["MPINB_SAVE_NOTEBOOK_OUTPUTS"] = "1"  # tests/support/saved_outputs.py
     if args.tier is None:
         # The whole suite on CI's two cores has 15 minutes: the model explores a fifth of what
         # ``--tier model`` does alone (100,000 schedules, ~100 s here), every mutant included.
@@ -173,8 +176,6 @@ def main() -> int:
     started = time.monotonic()
     chosen = set(args.tier or [tier for tier in TIERS if tier not in OWN_RUN_TIERS])
     sizes = [int(s) for s in args.np.split(",")]
-    if args.save_outputs:
-        env["MPINB_SAVE_NOTEBOOK_OUTPUTS"] = "1"  # tests/support/saved_outputs.py
     for stage in PLAN:
         lanes = [[job for job in lane if job_chosen(job, chosen, sizes)] for lane in stage]
         lanes = [lane for lane in lanes if lane]
@@ -348,6 +349,10 @@ def run_mpis_tier(env: dict[str, str], extra: list[str], reports: Path, log: Any
     codes = []
     for name, (wheel, library) in OTHER_MPIS.items():
         t0 = time.monotonic()
+        if name == "impi" and (sys.platform != "linux" or platform.machine() != "x86_64"):
+            print(f"[run.py] tier mpis: {name} skipped, Intel MPI's wheel (impi-rt) is built for Linux x86_64 only",
+                  file=out, flush=True)
+            continue
         try:
             venv = ensure_other_venv(name, wheel, out)
         except (RuntimeError, OSError) as exc:
