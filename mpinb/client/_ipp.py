@@ -240,10 +240,13 @@ def engine_uuids(client: Any) -> dict[int, Any]:
 
 def _refuse_stopped(cluster: Any) -> None:
     """A ``%%px`` cell for a cluster that stopped, with no other running: say how to point it."""
+    from IPython.core.error import UsageError
+
     from mpinb.client._targets import describe
 
     what = describe(cluster) if cluster is not None else "an MPICluster that no longer exists"
-    raise RuntimeError(
+    # IPython shows a UsageError (that class exactly) as its message, not a traceback through magics.
+    raise UsageError(
         f"%%px runs on {what}, which is stopped, and no other MPICluster is running: start one "
         "(MPICluster(n=...) takes %%px), or restart() a stopped one; cluster.activate() points %%px at a "
         "running cluster."
