@@ -19,8 +19,8 @@ from typing import Any
 
 #: Set by ``tests/run.py --save-outputs``: the notebooks tier writes the executed tutorials back.
 SAVE_ENV = "MPINB_SAVE_NOTEBOOK_OUTPUTS"
-_PARAMETERS_NOTE = ("# The parameters this copy's outputs were made with (the test suite's, small); "
-                    "delete this cell to run with the defaults above.\n")
+_PARAMETERS_NOTE = ("# The parameters this copy's outputs were made with (the test suite's, small):\n"
+                    "# delete this cell to run with the defaults above.\n")
 
 
 def source_hash(source: str) -> str:
