@@ -6,7 +6,7 @@ operation may take, on which event, and whether the rank then *revokes* the gene
 other rank it gave up). The channel and operation code (:mod:`.channels`, :mod:`.ops`) takes each of
 its steps through :func:`step`, so a transition missing from the table is a bug that raises at
 once, and the protocol model (``tests/model``) drives that same code over simulated ranks, every
-delivery order and injected faults, observing each step through :data:`observer`.
+delivery order and injected faults, observing each step through its runtime's observer.
 
 The decisions every rank takes from what it sees live here too, as pure functions of their inputs:
 how the arrival is encoded and what its reduced value means (:func:`arrival_header`,
@@ -29,7 +29,7 @@ __all__ = [
     "ABANDONED", "ABANDONED_VOTE", "ARRIVING", "DONE", "FAILED", "IDLE", "MOVING", "OUTCOMES", "PHASES",
     "CELL_END", "SWITCHING", "TABLE", "TIMED_OUT", "VOTES", "Arrival", "CallOutcome", "CellLedger", "ProtocolError",
     "Rule", "abandoned_header", "arrival_header", "decide_arrival", "departure",
-    "diagram_markdown", "invariant_violations", "late_arrival", "observer", "revocation_reaches", "step",
+    "diagram_markdown", "invariant_violations", "late_arrival", "revocation_reaches", "step",
 ]
 
 # Phases of an operation (as the status board stores them), and the outcomes it can leave with.
@@ -94,19 +94,17 @@ RULES: tuple[Rule, ...] = (
 )
 TABLE: dict[tuple[int, str], Rule] = {(r.phase, r.event): r for r in RULES}
 
-#: Called as ``observer(op, rule)`` after every step when set (the protocol model sets it).
-observer: Callable[[Any, Rule], None] | None = None
-
-
-def step(phase: int, event: str, op: Any = None) -> Rule:
-    """The rule for ``event`` in ``phase``; :class:`ProtocolError` when the table has none."""
-    try:
-        rule = TABLE[phase, event]
-    except KeyError:
-        raise ProtocolError(f"mpinb's collective protocol has no step {event!r} from phase "
-                            f"{PHASES.get(phase, phase)!r}; this is a bug in mpinb.") from None
+def step(phase: int, event: str, op: Any = None,
+         observer: Callable[[Any, int, str, Rule | None], None] | None = None) -> Rule:
+    """The rule for ``event`` in ``phase``; :class:`ProtocolError` when the table has none. With
+    ``observer`` (a runtime's: the protocol model watches every step), ``observer(op, phase, event,
+    rule)`` first, ``rule`` ``None`` where the table has none."""
+    rule = TABLE.get((phase, event))
     if observer is not None:
-        observer(op, rule)
+        observer(op, phase, event, rule)
+    if rule is None:
+        raise ProtocolError(f"mpinb's collective protocol has no step {event!r} from phase "
+                            f"{PHASES.get(phase, phase)!r}; this is a bug in mpinb.")
     return rule
 
 

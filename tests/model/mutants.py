@@ -83,7 +83,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "a revocation not passed on down the tree": lambda: _patched(_notices, "forward", _forward_nothing),
     "a cell end not told to another host": lambda: _patched(_channels.Channel, "on_cell", _cell_end_untold),
     "the skipped-collective check turned off":
-        lambda: _patched(_collective, "cell_end_check", lambda value=None: value),
+        lambda: _patched(_collective, "cell_end_check", lambda value=None, **_: value),
     "a late call of an abandoned collective not raising": lambda: _patched(_p, "late_arrival", _never_stale),
     "a rank in a later cell taken for one that left": lambda: _patched(_p, "departure", _departure_by_cell_only),
     "no rank ever taken for one that left": lambda: _patched(_p, "departure", lambda *a: None),

@@ -16,6 +16,15 @@ What is simulated, not run: MPI (collectives matched by order on a communicator,
 completing on its own; point-to-point messages delivered in order per pair), the status board (the
 real :class:`Board` over memory, not a file; a dead rank's process check), and the engines' cells.
 The channel is built already set up (the set-up exchange is proven by the ``mpi`` tier).
+
+The simulator reaches the layer through one seam: each rank's channel is given a
+:class:`~mpinb._collective.runtime.Runtime` of its own (a simulated MPI, the virtual clock, sleeps
+and yields that hand the core to the scheduler, the rank's cell, its held-back Ctrl-C, its fused
+plans, a coarser :class:`~mpinb._collective.runtime.Pace`, and an observer of every protocol step).
+Nothing of the layer is patched. What the simulator still touches: it registers each rank's channel
+in the layer's registry of channels by communicator (``mpinb._collective._channels``: what the
+first collective on a real communicator does, here for channels built already set up) and removes
+them after the run, and it silences the layer's warnings for the run (``warnings.catch_warnings``).
 """
 
 from __future__ import annotations
@@ -31,15 +40,13 @@ import numpy as np
 
 import mpinb
 from mpinb import _collective
-from mpinb import interrupt as _interrupt
 from mpinb._collective import board as _board
 from mpinb._collective import cells as _cells
 from mpinb._collective import channels as _channels
-from mpinb._collective import fused as _fused
 from mpinb._collective import ops as _ops
 from mpinb._collective import protocol as _p
-from mpinb._collective import texts as _texts
-from mpinb._collective import wait as _wait
+from mpinb._collective.runtime import Pace, Runtime
+from mpinb.interrupt import Interrupts
 
 TICK = 0.01  # virtual seconds a rank that yields the core waits before it runs again unasked
 IDLE_TICK = 0.05  # an engine idle between cells looks at its notices this often (as ``_IDLE_NOTICES``)
@@ -216,8 +223,9 @@ def _reduce(parts: list[np.ndarray], op: str) -> np.ndarray:
 class SimBoard(_board.Board):
     """The real board's rows over memory; process checks and where-probes answered by the simulator."""
 
-    def __init__(self, sim: Sim, rank: int) -> None:  # noqa: D107 - no file, no signal
+    def __init__(self, sim: Sim, rank: int, runtime: Runtime) -> None:  # noqa: D107 - no file, no signal
         self.sim, self.rank = sim, rank
+        self.runtime, self._time_ns = runtime, runtime.time_ns
         self._own_map = bytearray(_board._WORDS * 8)
         self.mine = memoryview(self._own_map).cast("q")
         self.mine[_board._PID] = 10_000 + rank
@@ -263,34 +271,29 @@ class SimBoard(_board.Board):
         self.sim.wake_host(self.rank)
 
 
-# -- virtual time ----------------------------------------------------------------------------------
-class FakeTime:
-    """``time`` as the layer sees it: the simulator's clock; sleeping yields to the scheduler."""
-
-    def __init__(self, sim: Sim) -> None:
-        self.sim = sim
-
-    def monotonic(self) -> float:
-        return self.sim.now
-
-    perf_counter = monotonic
-
-    def time(self) -> float:
-        return 1.0e9 + self.sim.now
-
-    def time_ns(self) -> int:
-        return int((1.0e9 + self.sim.now) * 1e9)
-
-    def sleep(self, seconds: float) -> None:
-        self.sim.pause(max(seconds, 1e-6))
+# -- virtual time, and the runtime a simulated rank runs in ------------------------------------------
+#: Coarser waiting than on a real machine: the same decisions, fewer steps.
+PACE = Pace(spin=0.0, yield_for=0.0, first_pause=1e-3, max_pause=0.05, data_spin=0.0)
 
 
-class FakeOS:
-    def __init__(self, sim: Sim) -> None:
-        self.sim = sim
+def rank_runtime(sim: Sim, rank: Rank) -> Runtime:
+    """The process ``rank`` runs in, as the layer sees it: the simulator's MPI and virtual clock,
+    sleeping and yielding hand the core to the scheduler; its own cell, Ctrl-C and plans."""
 
-    def sched_yield(self) -> None:
-        self.sim.pause(TICK)
+    def monotonic() -> float:
+        return sim.now
+
+    def sleep(seconds: float) -> None:
+        sim.pause(max(seconds, 1e-6))
+
+    def refused(*args: Any) -> Any:
+        raise AssertionError("the simulator sends no signal and reads no host")
+
+    return Runtime(mpi=FakeMPI, monotonic=monotonic, wall=lambda: 1.0e9 + sim.now,
+                   time_ns=lambda: int((1.0e9 + sim.now) * 1e9), sleep=sleep, sched_yield=lambda: sim.pause(TICK),
+                   signals=None, kill=refused, hostname=lambda: sim.sc.hosts[rank.r],
+                   affinity=lambda: frozenset(range(64)), cell=lambda: rank.cell, interrupts=Interrupts(monotonic),
+                   notice_after=lambda: None, observer=sim.observe, pace=PACE, plans=rank.plans)
 
 
 # -- programs -----------------------------------------------------------------------------------
@@ -362,9 +365,8 @@ class Rank:
         self.wake_at = 0.0
         self.dirty = False  # something it may be waiting for happened since it last looked
         self.alive = True
-        self.cell = _cells._NONE
+        self.cell = _cells.Cell(0)  # the cell this rank runs (its runtime's)
         self.plans = _PLANS.setdefault(r, {})  # a rank's fused plans, kept from run to run as in a process
-        self.pending_at: float | None = None
         self.interrupt = False
         self.raise_inside = False
         self.frozen_until = 0.0
@@ -372,7 +374,7 @@ class Rank:
         self.cell_index = 0  # the next cell to run
         self.glet: greenlet.greenlet | None = None
         self.chan: Any = None
-        self.channels: dict[int, Any] = {}  # this rank's mpinb._collective._channels
+        self.runtime = rank_runtime(sim, self)
 
 
 @dataclass
@@ -498,11 +500,9 @@ class Sim:
     def _switch_out(self, rank: Rank) -> None:
         if self.stopping:
             raise Stop
-        rank.cell, rank.plans, rank.pending_at = _cells._current, _fused._plans, _interrupt._pending_at
         self.main.switch()
         if self.stopping:
             raise Stop
-        _swap_in(rank)
 
     # scheduling
     def enabled(self) -> list[tuple]:
@@ -625,7 +625,6 @@ class Sim:
             rank.state = RUNNABLE
         if rank.state != RUNNABLE:
             rank.state = RUNNABLE
-        _swap_in(rank)
         rank.glet.switch()
         self.current = None
 
@@ -674,11 +673,11 @@ class Sim:
     def _build_channels(self) -> None:
         world, ctrl, gen0 = (Context(self, name) for name in ("world", "ctrl", "gen0"))
         self.contexts += [world, ctrl, gen0]
-        boards = {r: SimBoard(self, r) for r in range(self.n)}
+        boards = {r: SimBoard(self, r, self.ranks[r].runtime) for r in range(self.n)}
         hosts = self.sc.hosts
         for rank in self.ranks:
             r = rank.r
-            chan = _channels.Channel(Comm(world, r))
+            chan = _channels.Channel(Comm(world, r), rank.runtime)
             chan.hosts = list(hosts)
             chan.affinity = [frozenset(range(64))] * self.n
             chan.engines = list(range(self.n))
@@ -690,8 +689,9 @@ class Sim:
             chan.crowded = False
             chan.ready = True
             rank.chan = chan
-            # mpinb.allreduce(comm=...) finds the channel by the communicator's handle.
-            rank.channels[chan.parent.handle] = chan
+            # mpinb.allreduce(comm=...) finds the channel by the communicator's handle (unique
+            # in the process: every simulated communicator has its own).
+            _collective._channels[chan.parent.handle] = chan
         self._world = world
 
     def _rank_main(self, rank: Rank) -> None:
@@ -703,8 +703,7 @@ class Sim:
                     self._idle(rank)
                 c = rank.cell_index
                 rank.cell_index += 1
-                cell = _cells.Cell(0 if self.sc.script else c + 1)
-                _cells._current = cell
+                cell = rank.cell = _cells.Cell(0 if self.sc.script else c + 1)
                 if not self.sc.script:
                     chan.on_cell("begin", cell, None)
                 self.note(f"cell {c + 1} begins")
@@ -730,7 +729,8 @@ class Sim:
                             return
                     rank.where = f"the end of cell {c + 1}"
                     if not self.sc.script:
-                        _collective.cell_end_check()  # the cell's last statement on an engine (cells.EndCheck)
+                        # The cell's last statement on an engine (cells.EndCheck).
+                        _collective.cell_end_check(runtime=rank.runtime)
                 except (KeyboardInterrupt, Exception) as err:  # the cell's error, as the engine records it
                     error = err
                 rank.where = f"idle after cell {c + 1}"
@@ -742,7 +742,7 @@ class Sim:
                 self.rec.cell_ended[r, c + 1] = self.now
                 if not self.sc.script:
                     chan.on_cell("end", cell, error)
-                _cells._current = _cells._NONE
+                rank.cell = _cells.Cell(0)
                 if c < len(self.cells_ended):
                     self.cells_ended[c].add(r)
             # The engine stays up, idle, passing notes on, until every rank has ended the last cell.
@@ -786,7 +786,11 @@ class Sim:
             who = f"rank {self.current.r}" if self.current is not None else "network"
             self.log.append(f"{self.now:8.4f} {who}: {text}")
 
-    def observe(self, op: Any, rule: _p.Rule) -> None:
+    def observe(self, op: Any, phase: int, event: str, rule: _p.Rule | None) -> None:
+        if rule is None:  # the step raises ProtocolError: a handler of the layer or the cell may catch it
+            self.protocol_errors.append(f"mpinb's collective protocol has no step {event!r} from phase "
+                                        f"{_p.PHASES.get(phase, phase)!r}")
+            return
         self.rec.rules.add((rule.phase, rule.event))
         if rule.phase == _p.MOVING and rule.event not in ("finish", "fail") and op is not None and op.comm is not None:
             # MPI cannot cancel a collective: the messages of an operation given up while its data
@@ -849,12 +853,6 @@ class Sim:
             raise Violation("; ".join(dict.fromkeys(problems)))
 
 
-def _swap_in(rank: Rank) -> None:
-    """The module state that is per process in real life, made this rank's."""
-    _cells._current, _fused._plans, _interrupt._pending_at = rank.cell, rank.plans, rank.pending_at
-    _collective._channels = rank.channels
-
-
 def _is_arrival(args: tuple) -> bool:
     data = args[0]
     return args[2] == FakeMPI.MIN and data.dtype == np.int64 and data.shape == (_p.WORDS,)
@@ -868,66 +866,14 @@ def _all_dups(ctx: Context) -> list[Context]:
     return out
 
 
-# -- patching the layer onto the simulation ------------------------------------------------------
-class Patched:
-    """Points the layer's MPI, clock and sleeps at a :class:`Sim` (and back, on exit)."""
-
-    def __init__(self, sim: Sim) -> None:
-        self.sim = sim
-        self.saved: list[tuple[Any, str, Any]] = []
-
-    def set(self, obj: Any, name: str, value: Any) -> None:
-        self.saved.append((obj, name, getattr(obj, name)))
-        setattr(obj, name, value)
-
-    def __enter__(self) -> Patched:
-        sim, clock = self.sim, FakeTime(self.sim)
-        for module in (_channels, _ops, _wait):
-            self.set(module, "MPI", FakeMPI)
-        for module in (_channels, _ops, _wait, _texts, _board, _cells):
-            self.set(module, "time", clock)
-        self.set(_wait, "os", FakeOS(sim))
-        # Coarser waiting than on a real machine: the same decisions, fewer steps.
-        for module in (_channels, _ops, _wait):
-            self.set(module, "SPIN", 0.0)
-        for name, value in (("_DATA_SPIN", 0.0), ("_YIELD", 0.0), ("_FIRST_PAUSE", 1e-3), ("_MAX_PAUSE", 0.05)):
-            self.set(_wait, name, value)
-        self.set(_ops, "_MPI_OPS", {"sum": FakeMPI.SUM, "min": FakeMPI.MIN, "max": FakeMPI.MAX})
-        self.set(_ops, "_notice_cache", ("", None))  # no waiting notices on stderr
-        self.set(_ops, "_notice_after", lambda: None)
-        self.set(_p, "observer", sim.observe)
-        step = _p.step
-
-        def checked_step(phase: int, event: str, op: Any = None) -> _p.Rule:
-            try:
-                return step(phase, event, op)
-            except _p.ProtocolError as err:
-                sim.protocol_errors.append(str(err))
-                raise
-
-        self.set(_p, "step", checked_step)
-        self.set(_cells, "_current", _cells._NONE)
-        self.set(_fused, "_plans", {})
-        self.set(_collective, "_channels", {})
-        self.set(_interrupt, "_pending_at", None)
-        self._warnings = warnings.catch_warnings()
-        self._warnings.__enter__()
-        warnings.simplefilter("ignore")
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._warnings.__exit__(*exc)
-        for obj, name, value in reversed(self.saved):
-            setattr(obj, name, value)
-
-
 def run_schedule(scenario: Scenario, chooser: Any,
                  log: list[str] | None = None) -> tuple[Record | None, str | None, int]:
     """Run ``scenario`` once under ``chooser``: (record, violation text or None, steps); with ``log``,
     what happened, step by step, is appended to it."""
     sim = Sim(scenario, chooser)
     sim.log = log
-    with Patched(sim):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         try:
             record = sim.run()
             return record, None, sim.steps
@@ -935,3 +881,6 @@ def run_schedule(scenario: Scenario, chooser: Any,
             return sim.rec, str(v), sim.steps
         finally:
             sim.stop()
+            for rank in sim.ranks:
+                if rank.chan is not None:
+                    _collective._channels.pop(rank.chan.parent.handle, None)
