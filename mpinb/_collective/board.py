@@ -61,11 +61,14 @@ from mpinb._collective.protocol import (  # noqa: E402 - after the layout consta
     MOVING,
     SWITCHING,
     TIMED_OUT,
+    Outcome,
+    Phase,
 )
 
-_PHASES = {ARRIVING: "waiting for the others to arrive", MOVING: "moving data",
-           SWITCHING: "moving to a fresh communicator"}
-_OUTCOMES = {DONE: "left", FAILED: "raised", TIMED_OUT: "timed out", ABANDONED: "gave up"}
+# What a row's words say, by the code the board stores (:attr:`Phase.code`, :attr:`Outcome.code`).
+_PHASES = {ARRIVING.code: "waiting for the others to arrive", MOVING.code: "moving data",
+           SWITCHING.code: "moving to a fresh communicator"}
+_OUTCOMES = {DONE.code: "left", FAILED.code: "raised", TIMED_OUT.code: "timed out", ABANDONED.code: "gave up"}
 
 
 class Row:
@@ -241,22 +244,22 @@ class Board:
             _asking.release()
         return found
 
-    def enter(self, gen: int, index: int, name: str, phase: int) -> None:
+    def enter(self, gen: int, index: int, name: str, phase: Phase) -> None:
         mine = self.mine
         if self._last_name != name:
             mine[_NAME] = self._encode(name)
             self._last_name = name
         mine[_GEN], mine[_INDEX] = gen, index
         mine[_ENTERED], mine[_LEFT] = self._time_ns(), 0
-        mine[_PHASE], mine[_OUTCOME] = phase, 0
+        mine[_PHASE], mine[_OUTCOME] = phase.code, 0
 
-    def phase(self, phase: int) -> None:
-        self.mine[_PHASE] = phase
+    def phase(self, phase: Phase) -> None:
+        self.mine[_PHASE] = phase.code
 
-    def leave(self, outcome: int) -> None:
+    def leave(self, outcome: Outcome) -> None:
         self.mine[_LEFT] = self._time_ns()
-        self.mine[_OUTCOME] = outcome
-        self.mine[_PHASE] = IDLE
+        self.mine[_OUTCOME] = outcome.code
+        self.mine[_PHASE] = IDLE.code
 
     def cell_begin(self, cell: int) -> None:
         self.mine[_CELL] = cell

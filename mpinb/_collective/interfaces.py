@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from mpinb._collective.board import Board, CellRecord
 from mpinb._collective.cells import Cell
 from mpinb._collective.generation import Gen
-from mpinb._collective.protocol import CellLedger
+from mpinb._collective.protocol import CellLedger, Phase
 from mpinb._collective.runtime import InterruptSource, Pace, Runtime
 
 __all__ = ["ChannelPort", "OpView"]
@@ -77,7 +77,7 @@ class OpView(Protocol):
     index: int
     cell: int
     timeout: float | None
-    phase: int
+    phase: Phase
 
     def notice_due(self, now: float) -> bool: ...
 

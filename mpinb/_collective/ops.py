@@ -60,7 +60,8 @@ class Op:
         self.waited = 0.0
         # Where the operation stands in the protocol's table (:mod:`.protocol`); every change of
         # either is a step of that table, and the status board shows it to the ranks on this host.
-        self.phase, self.outcome = _p.IDLE, 0
+        self.phase: _p.Phase = _p.IDLE
+        self.outcome: _p.Outcome | None = None
         self.began = chan.monotonic()
         # Read when a wait first runs long enough to need it (see notice_due): reading the
         # environment costs microseconds that every short operation would pay.
@@ -83,7 +84,7 @@ class Op:
         if self.gen is None:
             return  # one rank: nothing claimed, nothing to leave
         try:
-            if self.outcome:
+            if self.outcome is not None:
                 return  # the operation already left through a step of the table
             if kind is None:
                 note = self._given_up_meanwhile()
@@ -135,7 +136,8 @@ class Op:
             self.phase = rule.to
         else:
             # A rule either goes to a phase or leaves with an outcome (the table's own check).
-            outcome = rule.outcome or 0
+            outcome = rule.outcome
+            assert outcome is not None
             self.phase, self.outcome = _p.IDLE, outcome
             if board is not None:
                 board.leave(outcome)

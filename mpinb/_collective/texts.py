@@ -91,7 +91,7 @@ def data_whereabouts(op: Op) -> dict[int, str]:
     return found
 
 
-def timeout_error(op: Op, phase: int) -> CollectiveTimeout:
+def timeout_error(op: Op, phase: _p.Phase) -> CollectiveTimeout:
     chan = op.chan
     head = f"{op.name} #{op.index} timed out after {op.timeout:g} s on rank {chan.rank}"
     missing: dict[int, str] = {}
@@ -117,7 +117,7 @@ def timeout_error(op: Op, phase: int) -> CollectiveTimeout:
     )
 
 
-def interrupted_error(op: Op, phase: int) -> KeyboardInterrupt:
+def interrupted_error(op: Op, phase: _p.Phase) -> KeyboardInterrupt:
     """The Stop button (or Ctrl-C) reached this rank while it waited in ``op``: where, and for whom
     (the ranks are not asked where they compute: they are being interrupted too, and say so)."""
     head = f"interrupted on rank {op.chan.rank} (the Stop button, cluster.interrupt() or Ctrl-C)"

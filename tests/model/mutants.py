@@ -31,13 +31,13 @@ def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
 
 def _no_sequence(digest: int, cell: int, index: int, votes: Any) -> np.ndarray:
     header = _ORIGINAL["arrival_header"](digest, cell, index, votes)
-    header[4] = header[5] = 0
+    header[_p.INDEX] = header[_p.INDEX + 1] = 0
     return header
 
 
 def _no_cell(digest: int, cell: int, index: int, votes: Any) -> np.ndarray:
     header = _ORIGINAL["arrival_header"](digest, cell, index, votes)
-    header[2] = header[3] = 0
+    header[_p.CELL] = header[_p.CELL + 1] = 0
     return header
 
 

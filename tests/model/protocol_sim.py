@@ -5,10 +5,11 @@ N ranks run in one process, each in a greenlet, each calling the real layer (``m
 protocol table) over a simulated MPI and a virtual clock: no MPI, no threads, no sleeps. A
 collective completes for a rank, and a notice reaches a rank, only when the scheduler says so; a
 rank runs only when the scheduler picks it. Every step is one choice among the enabled ones, so a
-run is a function of its choices: :mod:`explore` enumerates them exhaustively for small worlds and
-samples them by seeded random walks for larger ones, and a failing run replays exactly from its
-choice list. After every step the simulator checks what can fail at once (a step missing from the
-protocol table, two different collectives matched by MPI); at the end of a run, the guarantees of
+run is a function of its choices: :mod:`explore` enumerates every combination of the first few
+(a bounded exhaustive search, for small worlds) and draws them by seeded random walks (for larger
+ones), and a failing run replays exactly from its choice list. After every step the simulator
+checks what can fail at once (a step missing from the protocol table, two different collectives
+matched by MPI); at the end of a run, the guarantees of
 :func:`mpinb._collective.protocol.invariant_violations`, the recovery of the next cell, hangs and
 requests left pending on a communicator.
 
@@ -388,7 +389,7 @@ class Record:
     first_trouble: dict[int, float] = field(default_factory=dict)  # cell -> first raise/give-up/death
     abnormal: list[tuple[int, int, str, float, float]] = field(default_factory=list)  # rank, cell, op, in, out
     gave_up: list[_p.GiveUp] = field(default_factory=list)
-    rules: set[tuple[int, str]] = field(default_factory=set)
+    rules: set[tuple[_p.Phase, str]] = field(default_factory=set)
     errors: dict[tuple[int, int], str] = field(default_factory=dict)
     data_left: int = 0  # data messages left pending by an operation abandoned as its arrival completed
 
@@ -466,7 +467,7 @@ class Sim:
                     buf = spec[0]
                     req.apply = (lambda buf=buf: buf.__setitem__(slice(0, joined.size), joined))
         if kind == "allreduce" and _is_arrival(posts[0][1]):
-            neutral = [r for r, (_, a, _) in enumerate(posts) if a[0][0] == np.iinfo(np.int64).max]
+            neutral = [r for r, (_, a, _) in enumerate(posts) if a[0][_p.DIGEST] == np.iinfo(np.int64).max]
             if neutral and len(neutral) < self.n:
                 self.completed_by_abandoner.add(id(inst))
         inst.ready = True
@@ -786,10 +787,10 @@ class Sim:
             who = f"rank {self.current.r}" if self.current is not None else "network"
             self.log.append(f"{self.now:8.4f} {who}: {text}")
 
-    def observe(self, op: Any, phase: int, event: str, rule: _p.Rule | None) -> None:
+    def observe(self, op: Any, phase: _p.Phase, event: str, rule: _p.Rule | None) -> None:
         if rule is None:  # the step raises ProtocolError: a handler of the layer or the cell may catch it
             self.protocol_errors.append(f"mpinb's collective protocol has no step {event!r} from phase "
-                                        f"{_p.PHASES.get(phase, phase)!r}")
+                                        f"{phase.text!r}")
             return
         self.rec.rules.add((rule.phase, rule.event))
         if rule.phase == _p.MOVING and rule.event not in ("finish", "fail") and op is not None and op.comm is not None:
@@ -798,8 +799,9 @@ class Sim:
             self.moving_abandoned.add(op.comm.ctx.name)
         if self.log is not None and op is not None:
             gen = getattr(op.gen, "number", None)
-            self.note(f"{op.name} gen {gen} #{op.index} cell {op.cell}: {_p.PHASES[rule.phase]} --{rule.event}--> "
-                      + (_p.PHASES[rule.to] if rule.to is not None else _p.OUTCOMES[rule.outcome]))
+            target = rule.to if rule.to is not None else rule.outcome
+            self.note(f"{op.name} gen {gen} #{op.index} cell {op.cell}: {rule.phase.text} --{rule.event}--> "
+                      + (target.text if target is not None else "?"))
         if op is None or self.current is None:
             return
         rank = self.current
