@@ -59,10 +59,9 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(numpy|np|keras|tf|tensorflow|matplotlib|mpi4py|MPI|ipyparallel|ipp|sklearn)(\..*)?"),
     (r"py:.*", r"(collections\.abc|typing|pathlib|concurrent\.futures|glob)\..*"),
 ]
-# Targeted, in modules whose docstrings this site does not own (mpinb/kmeans, mpinb/client): a bare
-# method name in KMeans's summary, a private module named in MPICluster's, a private helper class.
+# Targeted, in modules whose docstrings this site does not own (mpinb/client): a private module
+# named in MPICluster's, a private helper class.
 nitpick_ignore = [
-    ("py:meth", "score"),
     ("py:mod", "mpinb.client.slurm"),
     ("py:class", "mpinb.interrupt.StopFlag"),
 ]

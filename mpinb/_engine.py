@@ -16,17 +16,27 @@ _SET_UP_TIMEOUT = 120.0  # seconds the engines of a fresh world wait for each ot
 
 
 def identity() -> dict[str, Any]:
-    """This engine's MPI rank, world size, host and PID. Local."""
+    """This engine's MPI rank, world size, host and PID. Local.
+
+    The client's first call on a fresh engine, so it is where an engine whose ``import mpinb``
+    found a folder named ``mpinb`` in its directory (:mod:`mpinb._shadow`) fails the start with
+    an ``ImportError`` that says what shadows what, instead of the set-up's ``AttributeError``.
+    """
     import socket
 
     from mpi4py import MPI
 
-    return {
+    from mpinb import _shadow
+
+    found = {
         "rank": MPI.COMM_WORLD.Get_rank(),
         "size": MPI.COMM_WORLD.Get_size(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
     }
+    _shadow.check(f"the engine of rank {found['rank']} ({found['host']}, pid {found['pid']}, "
+                  f"directory {os.getcwd()})")
+    return found
 
 
 def set_up(started_by_mpinb: bool, one_machine: bool = False) -> str:

@@ -8,13 +8,15 @@ model run them alone (they are local too).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
 from mpinb._chunks import chunk_rows, chunks
 
-__all__ = ["as_data", "as_weights", "check_fitted", "check_width", "finite_sums", "raise_nonfinite"]
+__all__ = ["as_data", "as_weights", "check_feature_names", "check_fitted", "check_width", "feature_names",
+           "finite_sums", "raise_nonfinite"]
 
 
 def as_data(X: Any, what: str) -> np.ndarray:
@@ -31,10 +33,94 @@ def as_data(X: Any, what: str) -> np.ndarray:
     if arr.shape[1] == 0:
         raise ValueError(f"X_local has 0 features; {what} needs at least one column.")
     if arr.dtype.kind not in "biuf":
-        raise TypeError(f"X_local must hold real numbers; got dtype {arr.dtype}.")
+        column = _first_non_numeric(X, arr)
+        if column is None:
+            raise TypeError(f"X_local must hold real numbers; got dtype {arr.dtype}.")
+        raise TypeError(
+            f"X_local must hold real numbers, but its {column}; {what} needs numbers in every column: encode it "
+            "(sklearn.preprocessing.OneHotEncoder or OrdinalEncoder, say) or drop it before fitting."
+        )
     if arr.dtype not in (np.float32, np.float64):
         arr = arr.astype(np.float64)
     return arr
+
+
+def feature_names(X: Any) -> np.ndarray | None:
+    """The feature names of ``X`` as scikit-learn takes them: a DataFrame's column names when all
+    are strings (an object array), else ``None``; a mix of string and other names is a ``TypeError``."""
+    columns = getattr(X, "columns", None)
+    if columns is None or isinstance(X, np.ndarray):
+        return None
+    names = np.asarray(list(columns), dtype=object)
+    if names.ndim != 1 or len(names) == 0:
+        return None
+    types = sorted({type(name).__qualname__ for name in names})
+    if len(types) > 1 and "str" in types:
+        raise TypeError(
+            f"Feature names are only supported if all input features have string names, but your input has "
+            f"{types} as feature name / column name types. If you want feature names to be stored and validated, "
+            "you must convert them all to strings, by using X.columns = X.columns.astype(str) for example. "
+            "Otherwise you can remove feature / column names from your input data, or convert them all to a "
+            "non-string data type."
+        )
+    return names if types == ["str"] else None
+
+
+def check_feature_names(est: Any, X: Any) -> None:
+    """Compare the feature names of rows given to a fitted ``est`` with those it was fitted on,
+    as scikit-learn does: a ``UserWarning`` when only one side has names, a ``ValueError`` listing
+    the names unseen and missing (or saying the order differs) when both have and they differ."""
+    fitted = getattr(est, "feature_names_in_", None)
+    given = feature_names(X)
+    name = type(est).__name__
+    if fitted is None and given is None:
+        return
+    if fitted is None:
+        warnings.warn(f"X has feature names, but {name} was fitted without feature names", UserWarning,
+                      stacklevel=3)
+        return
+    if given is None:
+        warnings.warn(f"X does not have valid feature names, but {name} was fitted with feature names",
+                      UserWarning, stacklevel=3)
+        return
+    if len(fitted) == len(given) and all(a == b for a, b in zip(fitted, given, strict=True)):
+        return
+    unseen, missing = sorted(set(given) - set(fitted)), sorted(set(fitted) - set(given))
+    message = "The feature names should match those that were passed during fit.\n"
+    if unseen:
+        message += "Feature names unseen at fit time:\n" + _listed(unseen)
+    if missing:
+        message += "Feature names seen at fit time, yet now missing:\n" + _listed(missing)
+    if not unseen and not missing:
+        message += "Feature names must be in the same order as they were in fit.\n"
+    raise ValueError(message)
+
+
+def _listed(names: list[str], most: int = 5) -> str:
+    return "".join(f"- {n}\n" for n in names[:most]) + ("- ...\n" if len(names) > most else "")
+
+
+def _first_non_numeric(X: Any, arr: np.ndarray) -> str | None:
+    """Which column keeps ``X`` from being numbers: a DataFrame's first column of another dtype,
+    by name, or an array's first column that does not convert to floats, by index."""
+    columns, dtypes = getattr(X, "columns", None), getattr(X, "dtypes", None)
+    if columns is not None and dtypes is not None:
+        try:
+            pairs = list(zip(columns, dtypes, strict=True))
+        except TypeError:
+            pairs = []
+        for label, dtype in pairs:
+            if getattr(dtype, "kind", "f") not in "biuf":
+                return f"column {label!r} has dtype {dtype}"
+    if arr.ndim == 2:
+        for j in range(arr.shape[1]):
+            try:
+                arr[:, j].astype(np.float64)
+            except (TypeError, ValueError):
+                first = next((v for v in arr[:, j] if not isinstance(v, (int, float, np.number))), None)
+                shown = first.item() if isinstance(first, np.generic) else first  # 'a', not np.str_('a')
+                return f"column {j} holds {type(first).__name__} values ({shown!r}, dtype {arr.dtype})"
+    return None
 
 
 def as_weights(sample_weight: Any, n: int) -> np.ndarray | None:

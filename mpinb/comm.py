@@ -1,4 +1,9 @@
-"""Rank-aware communication helpers: the world, fused collectives, ordered output, thread budgets."""
+"""Rank-aware communication helpers: the world, fused collectives, ordered output, thread budgets.
+
+Every collective here with ``comm=None`` raises ``RuntimeError`` in the notebook's kernel while an
+``MPICluster`` runs there, before MPI is imported: the ranks are the engines, and the call belongs
+in a ``%%px`` cell (``mpinb._roles`` has the rule; an explicit ``comm`` is never refused).
+"""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ from mpinb import _collective
 from mpinb._checks import default_comm
 from mpinb._constraints import Accepts, Exactly, Flag, Fraction, Integer, check_parameters, describe
 from mpinb._digest import digest
-from mpinb._estimator import RankAware, agree
-from mpinb._inputs import as_data, check_fitted, check_width, finite_sums
+from mpinb._estimator import RankAware, agree, set_feature_names
+from mpinb._inputs import as_data, check_feature_names, check_fitted, check_width, feature_names, finite_sums
 from mpinb._moments import add_second, moments
 from mpinb.agreement import check_same, raise_together
 
@@ -132,9 +132,10 @@ class PCA(RankAware, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         comm = default_comm(self.comm)
         with raise_together(comm=comm):
             params = check_parameters(self, self._constraints)
+            names = feature_names(X_local)
             X = as_data(X_local, "PCA")
             local_sum = finite_sums(X)
-        agree(tuple((k, describe(v)) for k, v in params.items()), X.shape[1], "PCA", comm=comm)
+        agree(tuple((k, describe(v)) for k, v in params.items()), X.shape[1], "PCA", comm=comm, names=names)
         n_features = X.shape[1]
         first = moments(X, None, local_sum, comm=comm, name="PCA.fit", what="PCA.fit")
         # Decided on reduced values, identical on every rank, before the second pass.
@@ -176,6 +177,7 @@ class PCA(RankAware, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         self.explained_variance_ratio_ = ratio[:k].astype(out)
         self.singular_values_ = np.sqrt(variances[:k] * (n_samples - 1)).astype(out)
         self.n_features_in_ = int(n_features)
+        set_feature_names(self, names)
         return self
 
     def transform(self, X: Any) -> np.ndarray:
@@ -274,7 +276,9 @@ class PCA(RankAware, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         -------
         ndarray of shape (n_samples,)
         """
-        X = self._rows(X)
+        return self._log_likelihood(self._rows(X))
+
+    def _log_likelihood(self, X: np.ndarray) -> np.ndarray:
         centred = X - self.mean_
         precision = self.get_precision()
         sign, logdet = np.linalg.slogdet(precision)
@@ -306,7 +310,7 @@ class PCA(RankAware, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         with raise_together(comm=comm):
             X = self._rows(X_local)
             finite_sums(X)
-            local = self.score_samples(X)
+            local = self._log_likelihood(X)
         # A rank scoring another model (refitted alone, say) would add a meaningless term.
         model = digest(self.components_, self.mean_, self.explained_variance_,
                        np.float64(self.noise_variance_))
@@ -331,6 +335,7 @@ class PCA(RankAware, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
 
     def _rows(self, X: Any) -> np.ndarray:
         check_fitted(self, "components_")
+        check_feature_names(self, X)
         X = as_data(X, "PCA")
         check_width(X, self.n_features_in_, self)
         return X

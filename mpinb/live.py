@@ -173,13 +173,13 @@ def watch(
         fig, ax = plt.subplots(figsize=(6, 3.5))
     else:
         fig = ax.figure
-    handle = bar = None
+    handle = bar = bar_handle = None
     if shown:
         from IPython.display import display as ipy_display
 
         bar = _progress_bar()
         if bar is not None:
-            ipy_display(bar)
+            bar_handle = ipy_display(bar, display_id=True)
         handle = ipy_display(fig, display_id=True)
     seen = Watch(figure=fig)
     last_key: tuple[Any, ...] | None = None
@@ -207,6 +207,8 @@ def watch(
     finally:
         if shown:
             plt.close(fig)  # the display handle holds the image; avoid a second copy at cell end
+        if bar_handle is not None:
+            _finish_bar(bar, bar_handle, seen.progress)
     return seen
 
 
@@ -255,6 +257,22 @@ def _draw(ax: Any, message: dict[str, Any]) -> None:
     if message["series"]:
         ax.legend(loc="best", fontsize="small")
     ax.grid(True, alpha=0.3)
+
+
+def _finish_bar(bar: Any, handle: Any, message: dict[str, Any] | None) -> None:
+    """Replace the bar by one line of text once the watch ends. A saved notebook keeps a widget
+    without its state, so its text stand-in showed the bar's first frame ("IntProgress(value=0,
+    max=1)") under a finished cell; the line says where the run ended, in a live notebook too."""
+    from IPython.display import Pretty
+
+    if message is None:
+        text = "progress: nothing was published"
+    else:
+        unit = "epoch" if message["kind"] == "loss" else "iteration"
+        total = f" of {message['total']}" if message.get("total") else ""
+        text = f"progress: {unit} {message['step']}{total}, {'done' if message['done'] else 'stopped'}"
+    handle.update(Pretty(text))
+    bar.close()
 
 
 def _progress_bar() -> Any:

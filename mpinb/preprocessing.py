@@ -12,8 +12,16 @@ from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 
 from mpinb._checks import default_comm
 from mpinb._constraints import Accepts, Flag, check_parameters, describe
-from mpinb._estimator import RankAware, agree
-from mpinb._inputs import as_data, as_weights, check_fitted, check_width, finite_sums
+from mpinb._estimator import RankAware, agree, set_feature_names
+from mpinb._inputs import (
+    as_data,
+    as_weights,
+    check_feature_names,
+    check_fitted,
+    check_width,
+    feature_names,
+    finite_sums,
+)
 from mpinb._moments import add_second, merge, moments
 from mpinb.agreement import raise_together
 
@@ -169,7 +177,7 @@ class StandardScaler(RankAware, OneToOneFeatureMixin, TransformerMixin, BaseEsti
         ndarray of shape (n_samples, n_features)
             float32 for float32 rows, float64 otherwise.
         """
-        X = self._rows(X, copy)
+        X = self._rows(X, copy, names=True)
         if self.with_mean:
             X -= self.mean_
         if self.with_std:
@@ -211,12 +219,16 @@ class StandardScaler(RankAware, OneToOneFeatureMixin, TransformerMixin, BaseEsti
         fitted = hasattr(self, "n_samples_seen_")
         with raise_together(comm=comm):
             params = check_parameters(self, self._constraints)
+            names = getattr(self, "feature_names_in_", None) if fitted else feature_names(X_local)
+            if fitted:
+                check_feature_names(self, X_local)
             X = as_data(X_local, "StandardScaler")
             weights = as_weights(sample_weight, X.shape[0])
             if fitted:
                 check_width(X, self.n_features_in_, self, "X_local")
             local_sum = finite_sums(X, weights)
-        agree(tuple((k, describe(v)) for k, v in params.items()), X.shape[1], "StandardScaler", comm=comm)
+        agree(tuple((k, describe(v)) for k, v in params.items()), X.shape[1], "StandardScaler", comm=comm,
+              names=names)
         with_mean, with_std = params["with_mean"], params["with_std"]
         batch = moments(X, weights, local_sum, comm=comm, name=method, what=method)
         if with_std:
@@ -247,13 +259,17 @@ class StandardScaler(RankAware, OneToOneFeatureMixin, TransformerMixin, BaseEsti
         self.var_ = var
         self.scale_ = scale
         self.n_features_in_ = int(X.shape[1])
+        set_feature_names(self, names)
         self.n_samples_seen_ = seen if weighted else int(seen)
         return self
 
-    def _rows(self, X: Any, copy: bool | None) -> np.ndarray:
+    def _rows(self, X: Any, copy: bool | None, names: bool = False) -> np.ndarray:
         """``X`` as float rows of the fitted width, copied unless ``copy`` (or the parameter) is
-        False and it already is a float array."""
+        False and it already is a float array; with ``names``, its feature names checked as
+        scikit-learn's ``transform`` does (its ``inverse_transform`` does not)."""
         check_fitted(self, "n_samples_seen_")
+        if names:
+            check_feature_names(self, X)
         original = X
         X = as_data(X, "StandardScaler")
         check_width(X, self.n_features_in_, self)

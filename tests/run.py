@@ -146,6 +146,9 @@ def main() -> int:
 
     run_id = uuid.uuid4().hex
     reports = Path(tempfile.mkdtemp(prefix="mpinb-test-reports-"))
+    parser.add_argument("--save-outputs", action="store_true",
+                        help="the notebooks tier writes each tutorial it ran and checked back to notebooks/, "
+                             "with its outputs (what the documentation site shows)")
     env = dict(os.environ, MPINB_TEST_RUN_ID=run_id, MPINB_TEST_REPORT_DIR=str(reports), PYTHONUNBUFFERED="1")
     env.setdefault("MPLBACKEND", "Agg")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -161,6 +164,8 @@ def main() -> int:
     failures: list[str] = []
     started = time.monotonic()
     chosen, sizes = set(args.tier or TIERS), [int(s) for s in args.np.split(",")]
+    if args.save_outputs:
+        env["MPINB_SAVE_NOTEBOOK_OUTPUTS"] = "1"  # tests/support/saved_outputs.py
     for stage in PLAN:
         lanes = [[job for job in lane if job_chosen(job, chosen, sizes)] for lane in stage]
         lanes = [lane for lane in lanes if lane]

@@ -16,13 +16,15 @@ Nothing here imports ``mpi4py.MPI`` until a channel is made, so ``import mpinb``
 from __future__ import annotations
 
 import atexit
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 from mpinb._collective.fused import plan
 from mpinb._collective.runtime import PROCESS, Runtime
+from mpinb._roles import refuse_client
 from mpinb._words import on_ranks
 from mpinb.deadline import DEFAULT
 
@@ -31,17 +33,20 @@ if TYPE_CHECKING:
     from mpinb._collective.ops import Op
     from mpinb.interrupt import StopFlag
 
-__all__ = ["allgather", "allreduce", "barrier", "bcast", "cell_end_check", "channel", "collective", "common_exception",
-           "failures", "gather", "gather_rows", "reduce_in_place", "vote"]
+__all__ = ["allgather", "allreduce", "barrier", "bcast", "cell_end_check", "channel", "collective", "collective_call",
+           "common_exception", "failures", "gather", "gather_rows", "reduce_in_place", "vote"]
 
 
 def channel(comm: Any = None) -> Channel:
     """The channel of ``comm`` (default ``COMM_WORLD``), made on first use.
 
     Creating it communicates nothing: the set-up exchange runs inside the first operation.
+    ``comm=None`` in the client of a running ``MPICluster`` raises, before MPI is imported
+    (:mod:`mpinb._roles`): the ranks are its engines, not this process.
     """
     if comm is None:
         global _world
+        refuse_client()
         if _world is None:
             _world = _lookup(PROCESS.mpi.COMM_WORLD)
         return _world
@@ -213,6 +218,61 @@ def cell_end_check(value: Any = None, *, runtime: Runtime = PROCESS) -> Any:
             if chan.runtime is runtime:
                 chan.end_cell_check(cell)
     return value
+
+
+@contextmanager
+def collective_call(name: str, comm: Any) -> Iterator[None]:
+    """Run an mpinb call every rank of ``comm`` makes (``mpinb.keras.fit``, ``KMeans.fit``) named
+    ``name``: ``with collective_call("mpinb.keras.fit", comm):``, with ``comm`` resolved.
+
+    An exception of this rank's own code (TensorFlow's error in a train step, a callback's) that
+    escapes the call between two operations would leave the other ranks waiting for its next
+    collective: in a script nothing else ends that wait. This rank then revokes the generation at
+    the place it will not take (:meth:`~mpinb._collective.channels.Channel.raised_between`), and
+    the ranks in the same call raise within their next look at their notices, naming this rank and
+    its error; a rank that has already left the call (the error came after its last collective)
+    runs its next collective on the next generation, where this rank's next one meets it. Errors
+    the layer raised (a timeout, an abandoned or mismatched collective, a decision every rank
+    raises) were dealt with where they arose, and pass untouched; so do interrupts, which the
+    stop flags handle. In a cell the cell's end names the rank instead, and with one rank nothing
+    waits.
+    """
+    chan = channel(comm)
+    if chan.size == 1:
+        yield
+        return
+    if chan.depth == 0:
+        chan.calls += 1
+        chan.scope = (name, chan.calls)
+    chan.depth += 1
+    try:
+        yield
+    except Exception as err:
+        if not _raised_together(err):
+            chan.raised_between(err, name)
+        raise
+    finally:
+        chan.depth -= 1
+        if chan.depth == 0:
+            chan.scope = None
+
+
+def _raised_together(err: BaseException) -> bool:
+    """Whether the collective layer raised ``err`` (a timeout, an abandoned or mismatched
+    collective: every rank concerned was told) or one of its decisions every rank raises alike
+    (``check_all``, ``raise_together``, ``on_root``: raised where the decision was read)."""
+    from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
+
+    if isinstance(err, (CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout)):
+        return True
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = "" if tb is None else tb.tb_frame.f_globals.get("__name__", "")
+    return module.startswith(_DECIDING)
+
+
+_DECIDING = ("mpinb._collective", "mpinb.agreement", "mpinb.comm")  # modules whose raises every rank makes
 
 
 def _no_rows_message(name: str, scalars: list[bool], size: int) -> str:

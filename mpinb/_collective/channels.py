@@ -72,6 +72,10 @@ class Channel:
         self._sends: list[Any] = []
         self._remote_cells: dict[int, _board.CellRecord] = {}  # ranks on other hosts, from their notices
         self.ledger = _p.CellLedger()  # this rank's collectives in the current cell
+        # The outermost mpinb call (fit, evaluate) in progress here: its name and count on this
+        # channel, the same on every rank (every rank makes the same calls), and how deeply nested.
+        self.scope: tuple[str, int] | None = None
+        self.calls = self.depth = 0
         # The thread whose operation is in progress: MPI pairs a rank's calls by their order on the
         # communicator, so a second thread's call would interleave with the first one's messages.
         self._owner: int | None = None
@@ -242,7 +246,7 @@ class Channel:
         note = gen.revoked
         assert note is not None
         gen.left = True
-        complete, late = _p.late_arrival(note, gen.index, self.rank, cell, digest)
+        complete, late = _p.late_arrival(note, gen.index, self.rank, cell, digest, self.scope)
         if complete:
             # This rank never reached the abandoned collective, so the others' arrivals are still
             # pending: complete them with a matching arrival, so MPI holds no request for ever.
@@ -292,6 +296,12 @@ class Channel:
         gen.revoked = note = {"gen": gen.number, "index": op.index, "name": op.name, "rank": self.rank,
                               "why": why or "abandoned", "time": self.wall(), "missing": missing,
                               "timeout": op.timeout, "cell": op.cell, "digest": op.digest, "departed": departed}
+        if departed is not None:
+            # Where it ended its cell, as this rank saw it: a rank on another host may hear of the
+            # revocation before that rank's own cell-end note (the cell-end comparison needs it).
+            record = self.cell_record(departed)
+            if record is not None:
+                note["ended"] = (record.ended_cell, record.ended_gen, record.ended_index)
         self._sends += _notices.start(self.ctrl, _notices.REVOKED, self.rank, note, self.hosts, self._host_peers())
         if self.board is not None:
             self.board.mark_revoked(gen.number)
@@ -423,12 +433,23 @@ class Channel:
             with self.begin(_p.CELL_END, layout, what="the collectives of this cell"):
                 pass
         except CollectiveAbandoned as err:
+            # The note that ended the comparison: on the generation still active where this rank
+            # was told while waiting, the one before where it was told on entry.
+            note = next((g.revoked for g in reversed(self.gens) if g.revoked is not None), None)
+            same = note is not None and note["name"] == _p.CELL_END and note.get("cell") == cell.id \
+                and note.get("digest") == digest_of(_p.CELL_END, layout)
+            if note is not None and note.get("departed") is None:
+                if same:
+                    # The rank that gave up had made the same collectives: it was interrupted in
+                    # the comparison, or met there from its next cell.
+                    return
+                raise  # it gave up on an earlier collective (one this rank completed): nothing diverged
+            if err.by is not None and self.board is not None and self.hosts[err.by] == self.host \
+                    and not self.board.alive(err.by):
+                raise  # it died: that is all this rank knows, and what it says
+            if same and note is not None and note.get("ended") == (cell.id, note["gen"], note["index"] - 1):
+                return  # it ended its cell (an error: no comparison) after the same collectives
             record = None if err.by is None else self.cell_record(err.by)
-            gen = self.gens[self.active - 1] if self.active else None
-            if (record is not None and gen is not None and gen.revoked is not None
-                    and record.ended_cell == cell.id and record.ended_gen == gen.number
-                    and record.ended_index == gen.revoked["index"] - 1):
-                return  # it raised after the same collectives as this rank: nothing diverged
             raise texts.cell_divergence_error(self.rank, err.by, record, ledger) from None
 
     def cell_record(self, rank: int) -> _board.CellRecord | None:
@@ -464,6 +485,40 @@ class Channel:
             if why is not None:
                 return r, why
         return None
+
+    def raised_between(self, error: BaseException, where: str) -> None:
+        """This rank's own code raised ``error`` in the mpinb call ``where``, between two operations
+        of this channel, in a script (see :func:`mpinb._collective.collective_call`): revoke the
+        generation at the place this rank will not take, naming itself and its error, so that a rank
+        waiting there (or arriving later from the same call) raises at once, and complete the
+        arrivals the others post there. A rank that finds that place revoked already (another rank
+        raised there too) only completes them. In a cell the cell-end path names it instead; and
+        where an operation is in progress (another thread's), that operation gives up for itself."""
+        if self.size == 1 or not self.ready or self.closed or self._owner is not None or self.current_cell().id:
+            return
+        self.notices()
+        gen = self.gens[self.active]
+        if gen.request is not None:
+            return  # it failed while moving to a fresh communicator: the move's own waits name it
+        place = gen.index + 1
+        note = gen.revoked
+        if note is None:
+            gen.revoked = note = {"gen": gen.number, "index": place, "name": where, "rank": self.rank,
+                                  "why": texts.raised_between_why(error, where), "time": self.wall(), "missing": None,
+                                  "timeout": None, "cell": 0, "digest": None, "departed": None, "scope": self.scope}
+            self._sends += _notices.start(self.ctrl, _notices.REVOKED, self.rank, note, self.hosts,
+                                          self._host_peers())
+            if self.board is not None:
+                self.board.mark_revoked(gen.number)
+            self._post_next()
+        elif note["index"] != place:
+            return  # given up at a place this rank has taken: it was told, or told the others
+        # This rank takes that place with an arrival that says so: the ranks that posted theirs are
+        # released (and none is left pending when this rank exits without another collective).
+        gen.abandoned_here = True
+        gen.index = place
+        header = _p.abandoned_header()
+        gen.pending.append(([gen.comm.Iallreduce(self.mpi.IN_PLACE, header, op=self.mpi.MIN)], header))
 
 
 class _CellRecord(str):

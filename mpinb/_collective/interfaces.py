@@ -47,6 +47,7 @@ class ChannelPort(Protocol):
     active: int
     crowded: bool
     ledger: CellLedger
+    scope: tuple[str, int] | None
 
     @property
     def host(self) -> str: ...

@@ -332,7 +332,7 @@ class Op:
                 f"{self.name} #{self.index} stopped on rank {self.chan.rank}: another rank had given up on this "
                 f"collective. {texts.NEXT}", operation=self.name, reason="abandoned", rank=self.chan.rank,
             )
-        if _p.of_a_later_cell(note, self.cell):
+        if _p.of_a_later_cell(note, self.cell) or _p.outside_scope(note, self.chan.scope):
             raise Retry
         raise self.chan.interrupts.instead_if_pending(
             texts.stale_error(self.name, self.index, self.chan.rank, note, self.chan.wall()))
@@ -347,9 +347,11 @@ class Op:
         except PeerGaveUp as gave_up:
             arriving = self.phase == _p.ARRIVING
             self.give_up("revoked", requests, keep, None)
-            if arriving and _p.of_a_later_cell(gave_up.note, self.cell):
+            if arriving and (_p.of_a_later_cell(gave_up.note, self.cell)
+                             or _p.outside_scope(gave_up.note, self.chan.scope)):
                 # Its arrival met, at the same place, a collective of an earlier cell that a rank
-                # gave up on (this rank left that cell before it).
+                # gave up on (this rank left that cell before it), or the next collective of a rank
+                # that raised after the last one of an mpinb call this rank has left.
                 raise Retry from None
             raise self.chan.interrupts.instead_if_pending(texts.abandoned_error(self, gave_up.note)) from None
         except PeerLeft as left:

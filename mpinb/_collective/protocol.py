@@ -30,8 +30,8 @@ __all__ = [
     "ABANDONED", "ABANDONED_VOTE", "ARRIVING", "CELL", "CELL_END", "DIGEST", "DONE", "FAILED", "IDLE", "INDEX",
     "MOVING", "OUTCOMES", "PHASES", "SWITCHING", "TABLE", "TIMED_OUT", "VOTE", "VOTES", "WORDS", "Arrival",
     "CallOutcome", "CellLedger", "Outcome", "Phase", "ProtocolError", "Rule", "abandoned_header", "arrival_header",
-    "decide_arrival", "departure", "diagram_markdown", "invariant_violations", "late_arrival", "revocation_reaches",
-    "step",
+    "decide_arrival", "departure", "diagram_markdown", "invariant_violations", "late_arrival", "outside_scope",
+    "revocation_reaches", "step",
 ]
 
 class Phase(Enum):
@@ -208,19 +208,33 @@ def of_a_later_cell(note: dict[str, Any], cell: int) -> bool:
     return note.get("cell", 0) < cell
 
 
-def late_arrival(note: dict[str, Any], begun: int, rank: int, cell: int, digest: int) -> tuple[bool, bool]:
+def late_arrival(note: dict[str, Any], begun: int, rank: int, cell: int, digest: int,
+                 scope: Any = None) -> tuple[bool, bool]:
     """A rank finds its generation revoked by ``note`` after beginning ``begun`` operations on it,
-    and is about to run operation ``digest`` of ``cell``: ``(complete, stale)``.
+    and is about to run operation ``digest`` of ``cell`` inside the mpinb call ``scope``:
+    ``(complete, stale)``.
 
     ``complete``: it never reached the abandoned collective, so the others' arrivals are still
     pending; it completes them with :func:`abandoned_header`, so MPI holds no request for ever.
     ``stale``: its call *is* the abandoned collective, come late (same cell, same digest), and it
     raises rather than pairing with another call -- unless the cell has ended here (a new cell's
-    call) or it is another collective (this rank skipped the abandoned one).
+    call) or it is another collective (this rank skipped the abandoned one). A rank that raised
+    between two operations (:func:`outside_scope`) abandoned whatever came next in its mpinb call:
+    any collective of that call is stale, and none outside it.
     """
     complete = begun == note["index"] - 1
-    stale = complete and note["rank"] != rank and note.get("cell", 0) == cell and note.get("digest") == digest
+    same = note["scope"] == scope if "scope" in note else note.get("digest") == digest
+    stale = complete and note["rank"] != rank and note.get("cell", 0) == cell and same
     return complete, stale
+
+
+def outside_scope(note: dict[str, Any], scope: Any) -> bool:
+    """Whether ``note`` came from a rank that raised between two operations of an mpinb call
+    (``note["scope"]``: its name and count, e.g. ``("mpinb.keras.fit", 3)``) other than the one this
+    rank's operation belongs to (``scope``, ``None`` outside any): then the operation is not one that
+    rank abandoned -- it left that call after its last collective, which this rank has too -- and
+    runs again on the next generation, where the raising rank's next collective meets it."""
+    return "scope" in note and note["scope"] != scope
 
 
 # -- ranks that left ----------------------------------------------------------------------------

@@ -48,7 +48,11 @@ def whereabouts(chan: Channel, gen: Gen | None, index: int, cell: int,
                 missing[r] = (f"on host {chan.hosts[r]}, whose status is not visible from {chan.host}"
                               if chan.hosts[r] != chan.host else "its status could not be read")
             continue
-        if row.gen > number or (row.gen == number and row.index >= index):
+        if chan.board is not None and chan.board.stopped(r):
+            # Arrived or not, it holds the operation up: its MPI progress is stopped with it.
+            missing[r] = ("its process is stopped (SIGSTOP, Ctrl-Z or a debugger); its last mpinb collective: "
+                          + row.describe(now))
+        elif row.gen > number or (row.gen == number and row.index >= index):
             arrived.append(r)
         elif row.inside:
             missing[r] = f"it is in {row.describe(now)}"
@@ -133,6 +137,8 @@ def interrupted_error(op: Op, phase: _p.Phase) -> KeyboardInterrupt:
 
 def abandoned_error(op: Op, note: dict[str, Any]) -> CollectiveTimeout | CollectiveAbandoned:
     rank = op.chan.rank
+    if "scope" in note:
+        return raised_between_error(op.name, op.index, rank, note)
     if note.get("missing") is not None:
         # Another waiting rank's deadline passed first: this rank waited for the same ranks.
         missing = {r: why for r, why in note["missing"].items() if r != rank}
@@ -145,8 +151,15 @@ def abandoned_error(op: Op, note: dict[str, Any]) -> CollectiveTimeout | Collect
     return CollectiveAbandoned(
         f"{op.name} #{op.index} stopped on rank {rank}: rank {note['rank']} gave up on "
         f"{note['name']} #{note['index']} ({note['why']}). {NEXT}",
-        operation=op.name, by=note["rank"], reason=note["why"], rank=rank,
+        operation=op.name, by=_cause(note), reason=note["why"], rank=rank,
     )
+
+
+def _cause(note: dict[str, Any]) -> int:
+    """The rank whose action ended the collective ``note`` revoked: the rank that left, where the
+    revoking rank gave up because one did, else the revoking rank."""
+    departed = note.get("departed")
+    return note["rank"] if departed is None else departed
 
 
 def left_error(op: Op, left: int, why: str) -> CollectiveAbandoned:
@@ -158,13 +171,15 @@ def left_error(op: Op, left: int, why: str) -> CollectiveAbandoned:
 
 def stale_error(name: str, index: int, rank: int, note: dict[str, Any], now: float) -> CollectiveAbandoned:
     """``now``: the wall clock's seconds, as the note's ``time``."""
+    if "scope" in note:
+        return raised_between_error(name, index, rank, note)
     ago = now - note["time"]
     return CollectiveAbandoned(
         f"{name} #{index} on rank {rank} came too late: rank {note['rank']} abandoned {note['name']} "
         f"#{note['index']} {ago:.1f} s ago ({note['why']}), and this call is that collective, so it raises "
         "instead of pairing with another call. Every rank is on a fresh communicator now: the next "
         "collective works once every rank calls it.",
-        operation=name, by=note["rank"], reason=note["why"], rank=rank,
+        operation=name, by=_cause(note), reason=note["why"], rank=rank,
     )
 
 
@@ -289,4 +304,27 @@ def second_thread_error(name: str, rank: int, owner: int) -> RuntimeError:
         "by their order on a communicator, so two threads calling at once would exchange wrong "
         "values or hang: call collectives from one thread at a time (join the other thread first), "
         "or give each thread its own communicator (comm.Dup() on every rank, in the same order)."
+    )
+
+
+def raised_between_why(error: BaseException, where: str, limit: int = 240) -> str:
+    """``"raised InvalidArgumentError: Received a label value of 7 ... in mpinb.keras.fit"``: the
+    error's type and the line that says what went wrong. TensorFlow's graph errors open with the
+    Python frames that built the failing node and close with the node's name: both left out."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    said = [line for line in lines if line and not line.startswith(("File ", "[[", "Detected at node"))
+            and line != "Graph execution error:"]
+    text = " ".join(" ".join(said[:1]).split())
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return f"raised {type(error).__name__}" + (f": {text}" if text else "") + f" in {where}"
+
+
+def raised_between_error(name: str, index: int, rank: int, note: dict[str, Any]) -> CollectiveAbandoned:
+    """``note``'s rank raised between two collectives of an mpinb call this rank is in (see
+    :meth:`Channel.raised_between`), and will not enter ``name #index``."""
+    return CollectiveAbandoned(
+        f"{name} #{index} stopped on rank {rank}: rank {note['rank']} {note['why']}, between two collectives, "
+        f"so it will not enter this one. {NEXT}",
+        operation=name, by=note["rank"], reason=note["why"], rank=rank,
     )

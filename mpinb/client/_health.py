@@ -12,6 +12,7 @@ from typing import Any
 from mpinb._engine import rank as _rank_here
 from mpinb._words import ranks as _ranks
 from mpinb.client._ipp import ENGINE_EXIT, NANNY_SAW_EXIT, engine_deaths
+from mpinb.client._launcher_output import read_output, relays_of
 
 __all__ = ["Health", "ask_every_engine", "deaths", "registered"]
 
@@ -92,26 +93,54 @@ def ask_every_engine(client: Any, ids_by_rank: list[int], timeout: float) -> Hea
 def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_pid: int | None = None) -> str | None:
     """Which rank died first, and how, from the engine launchers' output of ``cluster`` (an
     ``ipyparallel.Cluster``); ``None`` when they report no death. ``first_pid``: the engine process
-    this host saw end first and alone, if any (:class:`mpinb.client._exits.ExitOrder`)."""
+    this host saw end first and alone, if any (:class:`mpinb.client._exits.ExitOrder`). The signal
+    a rank's own Python reported (a native abort, a segfault) and its last lines of stderr come
+    from the relayed output (:mod:`mpinb.client._engine_output`)."""
+    relays = relays_of(cluster)
     give_up = time.monotonic() + _DEATH_REPORT_WAIT
     while True:
-        text = ""
-        for launcher in list(cluster.engines.values()):
-            try:
-                text += launcher.get_output() or ""
-            except Exception:  # noqa: BLE001 - no output file
-                continue
+        text = _launcher_text(cluster, relays)
         if not NANNY_SAW_EXIT.search(text) or ENGINE_EXIT.search(text) or time.monotonic() > give_up:
             break
         time.sleep(0.05)
-    found = []
+    said = {rank: told for rank in range(len(ids_by_rank)) if (told := _last_words(relays, rank))[1]}
+    if first_pid is None:
+        # A rank killed by a fatal signal of its own (its faulthandler said so) died first: the
+        # others MPI ended with SIGTERM or SIGKILL, which Python does not report.
+        fatal = [rank for rank, (signal, _) in said.items() if signal is not None and rank < len(engine_pids)]
+        if fatal:
+            order = [int(m["pid"]) for m in NANNY_SAW_EXIT.finditer(text)]
+            pids = [engine_pids[rank] for rank in fatal]
+            first_pid = min(pids, key=lambda pid: order.index(pid) if pid in order else len(order))
+    found: list[str] = []
+    quoted: list[str] = []
     for engine, pid, how in engine_deaths(text, first_pid):
         rank = ids_by_rank.index(engine) if engine in ids_by_rank else None
         if rank is None and pid in engine_pids:
             rank = engine_pids.index(pid)
+        signal, lines = said.get(rank, (None, [])) if rank is not None else (None, [])
+        how = signal or how
         found.append(f"rank {rank if rank is not None else '?'} (engine {engine}, pid {pid}) died"
                      + (f" ({how})" if how != "its process ended" else ""))
+        if lines:
+            quoted += [f"Rank {rank}'s last lines on stderr:", *(f"    {line}" for line in lines)]
     if not found:
         return None
-    return "; ".join(found) + "; MPI ended the other ranks with it: cluster.restart() starts a fresh set of engines."
+    return "\n".join(["; ".join(found) + "; MPI ended the other ranks with it: cluster.restart() starts a fresh set "
+                      "of engines.", *quoted])
 
+
+def _launcher_text(cluster: Any, relays: list[Any]) -> str:
+    """What the engine launchers printed lately: from their relays (which keep it even when the
+    disk did not), else from their files, read afresh (``get_output`` keeps its first reading)."""
+    if relays:
+        return "".join(relay.recent() for relay in relays)
+    return "".join(read_output(getattr(launcher, "output_file", None)) for launcher in list(cluster.engines.values()))
+
+
+def _last_words(relays: list[Any], rank: int) -> tuple[str | None, list[str]]:
+    for relay in relays:
+        signal, lines = relay.last_words(rank)
+        if signal is not None or lines:
+            return signal, lines
+    return None, []

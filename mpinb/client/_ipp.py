@@ -70,12 +70,21 @@ def stamp_cells(client: Any) -> None:
         if last["targets"] is not None:
             metadata[TARGETS_KEY] = last["targets"]
 
+    def tell() -> None:
+        # What the cluster has to say since the last request (output its disk could not keep):
+        # said before the next one, as view.execute has no other place to say it.
+        said = getattr(client, "_mpinb_tell", None)
+        if said is not None:
+            said()
+
     def send_execute_request(socket: Any, code: str, silent: bool = True, metadata: dict | None = None,
                              ident: Any = None, **kwargs: Any) -> Any:
+        tell()
         stamp(metadata)
         return send(socket, code, silent=silent, metadata=metadata, ident=ident, **kwargs)
 
     def send_apply_request(*args: Any, **kwargs: Any) -> Any:
+        tell()
         stamp(kwargs.get("metadata"))
         return send_apply(*args, **kwargs)
 
@@ -127,14 +136,30 @@ def _maps_are_cells() -> None:
     ParallelFunction.__call__ = __call__
 
 
-def px_magics(shell: Any, view: Any, deaths: Callable[[], str | None] | None = None) -> Any:
+def px_magics(shell: Any, view: Any, deaths: Callable[[], str | None] | None = None, owner: Any = None) -> Any:
     """ipyparallel's ``%px``/``%%px`` magics on ``view``, showing every rank's error after the Stop
-    button, and, when engines died, which rank died how (``deaths()`` tells)."""
+    button, and, when engines died, which rank died how (``deaths()`` tells). With ``owner`` (the
+    ``MPICluster`` of ``view``): a cell refused with the way out once it stopped, and its notes
+    (output the disk could not keep) said after each cell."""
+    import weakref
+
     from ipyparallel.client.magics import ParallelMagics
     from ipyparallel.error import CompositeError
 
+    held = weakref.ref(owner) if owner is not None else None
+
     class StoppedCellsShowTheirErrors(ParallelMagics):
         def parallel_execute(self, cell: str, block: Any = None, **kwargs: Any) -> Any:
+            cluster = held() if held is not None else None
+            if held is not None and (cluster is None or cluster.view is None):
+                _refuse_stopped(cluster)
+            try:
+                return self._run(cell, block, **kwargs)
+            finally:
+                if cluster is not None:
+                    cluster._tell()
+
+        def _run(self, cell: str, block: Any = None, **kwargs: Any) -> Any:
             _require_engines(self.view)
             self.last_result = None
             blocking = self.view.block if block is None else block
@@ -163,7 +188,7 @@ def px_magics(shell: Any, view: Any, deaths: Callable[[], str | None] | None = N
     return StoppedCellsShowTheirErrors(shell, view, "")
 
 
-def activate(view: Any, deaths: Callable[[], str | None] | None = None) -> None:
+def activate(view: Any, deaths: Callable[[], str | None] | None = None, owner: Any = None) -> None:
     """Make ``view`` the target of ``%%px`` in a notebook, with errors grouped by rank.
 
     What ``view.activate()`` does, with :func:`px_magics` in place of ipyparallel's magics (its
@@ -179,7 +204,7 @@ def activate(view: Any, deaths: Callable[[], str | None] | None = None) -> None:
         return
     ip = get_ipython()
     if ip is not None:
-        magics = px_magics(ip, view, deaths)
+        magics = px_magics(ip, view, deaths, owner)
         magics.stream_output = False
         ip.magics_manager.register(magics)
 
@@ -211,6 +236,18 @@ def engine_uuids(client: Any) -> dict[int, Any]:
     it: ipyparallel has no public accessor.
     """
     return dict(getattr(client, "_engines", {}))
+
+
+def _refuse_stopped(cluster: Any) -> None:
+    """A ``%%px`` cell for a cluster that stopped, with no other running: say how to point it."""
+    from mpinb.client._targets import describe
+
+    what = describe(cluster) if cluster is not None else "an MPICluster that no longer exists"
+    raise RuntimeError(
+        f"%%px runs on {what}, which is stopped, and no other MPICluster is running: start one "
+        "(MPICluster(n=...) takes %%px), or restart() a stopped one; cluster.activate() points %%px at a "
+        "running cluster."
+    )
 
 
 def _require_engines(view: Any) -> None:
@@ -276,15 +313,18 @@ class _NoticeRelay:
 
 
 # Each engine's nanny logs the moment its engine process ends (the first to log is usually the rank
-# that died: MPI ends the others after it), and Hydra reports how the job's processes ended.
+# that died: MPI ends the others after it), and Hydra reports how the job's processes ended: the
+# exit code of one process it names by PID (not necessarily the first to end), and the job's signal.
 NANNY_SAW_EXIT = re.compile(r"\[KernelNanny\.(?P<engine>\d+)\] Pipe closed, parent (?P<pid>\d+) has status")
 ENGINE_EXIT = re.compile(r"EXIT STRING: .*\(signal (?P<signal>\d+)\)|EXIT CODE: (?P<code>\d+)")
+_HYDRA_NAMES = re.compile(r"PID (?P<pid>\d+) RUNNING AT .*\n.*EXIT CODE: (?P<code>\d+)")
 
 
 def engine_deaths(text: str, first_pid: int | None = None) -> list[tuple[int, int, str]]:
     """``(engine id, pid, how)`` of the engine that died first, from the engine launcher's output:
-    the engine of ``first_pid`` when the kernel saw it end first (see ``_exits``), else the first
-    whose nanny logged."""
+    the engine of ``first_pid`` when it is known (the kernel saw it end first, see ``_exits``, or
+    its own Python reported a fatal signal), else the first whose nanny logged. ``how`` is Hydra's
+    word on that process, when Hydra's report names it."""
     import signal as _signal
 
     ended = list(NANNY_SAW_EXIT.finditer(text))
@@ -292,13 +332,16 @@ def engine_deaths(text: str, first_pid: int | None = None) -> list[tuple[int, in
         return []
     first = next((m for m in ended if int(m["pid"]) == first_pid), ended[0])
     how = "its process ended"
-    for m in ENGINE_EXIT.finditer(text):
-        if m["signal"] is not None:
-            number = int(m["signal"])
-            try:
-                how = _signal.Signals(number).name
-            except ValueError:
-                how = f"signal {number}"
-            break
-        how = f"exit code {m['code']}"
+    named = _HYDRA_NAMES.search(text)
+    if named is not None and int(named["pid"]) == int(first["pid"]):
+        # Hydra's report is about this process: its signal if the job's exit string gives one.
+        how = f"exit code {named['code']}"
+        for m in ENGINE_EXIT.finditer(text):
+            if m["signal"] is not None:
+                number = int(m["signal"])
+                try:
+                    how = _signal.Signals(number).name
+                except ValueError:
+                    how = f"signal {number}"
+                break
     return [(int(first["engine"]), int(first["pid"]), how)]

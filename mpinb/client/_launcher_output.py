@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["has_ended", "last_lines", "output_of", "read_output", "tail"]
+__all__ = ["has_ended", "last_lines", "output_of", "read_output", "relays_of", "tail"]
 
 
 def read_output(path: str | None) -> str:
@@ -57,3 +57,11 @@ def output_of(launcher: Any) -> str:
         return read_output(getattr(launcher, "output_file", None))
     except Exception:  # noqa: BLE001 - no output file (yet)
         return ""
+
+
+def relays_of(cluster: Any) -> list[Any]:
+    """The output relays (:class:`mpinb.client._engine_output.EngineOutput`) of ``cluster``'s engine
+    launchers (an ``ipyparallel.Cluster``); none for launchers that write their files themselves."""
+    if cluster is None:
+        return []
+    return [r for launcher in list(cluster.engines.values()) if (r := getattr(launcher, "relay", None)) is not None]

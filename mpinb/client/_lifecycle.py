@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from mpinb.client._ipp import engine_uuids
-from mpinb.client._launcher_output import has_ended, last_lines, output_of, tail
+from mpinb.client._launcher_output import has_ended, last_lines, output_of, relays_of, tail
 from mpinb.client._processes import (
     descendants,
     end,
@@ -133,6 +133,8 @@ class Owned:
             except Exception:  # noqa: BLE001 - already dead processes
                 pass
             end(pids, grace=_STOP_GRACE)
+            for relay in relays_of(mc.cluster):  # mpiexec has ended: its output too
+                relay.close()
         # What outlives engines that did not finalize (SIGKILLed above, or dead before): this
         # world's own files, found at start.
         remove_files(self.leftovers)

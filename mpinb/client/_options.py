@@ -113,16 +113,24 @@ class LaunchOptions:
         the Slurm job or step ``slurm`` when one is given; ``tmpdir`` is the engines' ``TMPDIR``. Client."""
         import ipyparallel as ipp
 
-        from mpinb.client.launch import find_mpiexec, mpi_env
+        from mpinb.client._engine_output import RelayedMPIEngineSetLauncher
+        from mpinb.client.launch import find_mpiexec, is_hydra, mpi_env
 
         # Only a budget the user gave goes into the environment: "auto" is decided on each engine,
-        # which knows its host (mpinb._engine.set_up).
+        # which knows its host (mpinb._engine.set_up). PYTHONFAULTHANDLER: a rank killed by a fatal
+        # signal (a native abort, a segfault) names it on its stderr, for its death report.
         engine_env = {**mpi_env(n, threads_per_rank=self.threads_per_rank, base={}), "PYTHONUNBUFFERED": "1",
-                      **(_LOOPBACK if self.on_this_machine else {}), **({"TMPDIR": tmpdir} if tmpdir else {}),
-                      **self.env}
+                      "PYTHONFAULTHANDLER": "1", **(_LOOPBACK if self.on_this_machine else {}),
+                      **({"TMPDIR": tmpdir} if tmpdir else {}), **self.env}
+        mpiexec = find_mpiexec()
+        # Hydra tags each line with its rank, so that a dead rank's last words can be told from the
+        # others' (mpinb.client._engine_output); unless the user chose a prefix of their own.
+        tagged = is_hydra(mpiexec) and not any(arg in _PREFIX_OPTIONS for arg in self.mpi_args)
         launch: dict[str, dict[str, Any]]
-        engines, launch, controller_ip = "mpi", {
-            "MPILauncher": {"mpi_cmd": [find_mpiexec()], "mpi_args": list(self.mpi_args)},
+        engines: Any
+        engines, launch, controller_ip = RelayedMPIEngineSetLauncher, {
+            "MPILauncher": {"mpi_cmd": [mpiexec], "mpi_args": [*(["-prepend-rank"] if tagged else []),
+                                                               *self.mpi_args]},
             "MPIEngineSetLauncher": {"environment": engine_env,
                                      **({"engine_cmd": ENGINE_BOOT} if self.on_this_machine else {})},
         }, self.controller_ip or "127.0.0.1"
@@ -152,6 +160,8 @@ ENGINE_BOOT = [sys.executable, "-m", "mpinb._engine_boot"]
 
 _CURVE = "--IPController.enable_curve=True"
 
+# Hydra's options that prefix each line of output.
+_PREFIX_OPTIONS = frozenset({"-l", "-prepend-rank", "--prepend-rank", "-prepend-pattern", "--prepend-pattern"})
 # mpiexec's options that put ranks on other hosts.
 _HOST_OPTIONS = frozenset({"f", "hostfile", "machinefile", "host", "hosts", "hostlist"})
 # When every rank runs on this machine, MPI's network transports stay on loopback: UCX (the mpich

@@ -53,6 +53,8 @@ def rank_check(n: int, *, quiet: bool = False) -> int:
     """Run :mod:`mpinb.jobs.rankcheck` on ``n`` ranks and report what it did."""
     from mpinb.client.launch import run_mpi
 
+    if _shadowed_here():
+        return 1
     t0 = time.perf_counter()
     try:
         proc = run_mpi(n, ["-m", "mpinb.jobs.rankcheck"], timeout=120, capture=True)
@@ -101,10 +103,27 @@ def info(args: argparse.Namespace | None = None) -> int:
         print("\nTensorFlow is missing: `pip install 'mpinb[keras]'` for sharded Keras training.")
     if "missing" in mpiexec:
         return 2
+    if _shadowed_here():
+        return 1
     if args is not None and (args.hosts or args.hostfile or args.controller_ip or args.slurm):
         return _preflight(args)
     print("\n2-rank check:")
     return rank_check(2, quiet=True)
+
+
+def _shadowed_here() -> bool:
+    """Say so, and return ``True``, when Python started in this directory (the ranks ``mpinb`` runs
+    here, a notebook's kernel and engines) imports a folder named ``mpinb`` instead of mpinb: this
+    command itself is not affected (its script's directory comes first on its path), so it can tell."""
+    import os
+
+    from mpinb._shadow import in_directory
+
+    problem = in_directory(os.getcwd())
+    if problem is not None:
+        sys.stdout.flush()  # after the lines above, not before them
+        print(f"\nmpinb: in this directory, {problem}", file=sys.stderr)
+    return problem is not None
 
 
 def demo_main(args: argparse.Namespace) -> int:

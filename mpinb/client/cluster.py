@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import socket
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from mpinb import _engine
-from mpinb.client import _health
+from mpinb import _engine, _roles, _shadow
+from mpinb.client import _health, _targets
 from mpinb.client._exits import ExitOrder
 from mpinb.client._health import Health
-from mpinb.client._ipp import activate, group_composite_errors, stamp_cells
+from mpinb.client._ipp import group_composite_errors, stamp_cells
 from mpinb.client._lifecycle import Joined, Owned, tracked_pids
 from mpinb.client._options import LaunchOptions
 from mpinb.client._tracebacks import remember_ranks
@@ -111,6 +113,8 @@ class MPICluster:
         self._devices: list[str] = []
         self._exits: ExitOrder | None = None  # which local engine ended first, once one has
         self._on_start: list[str] = []
+        self._since = ""  # when its engines were last identified (the name %%px notices give it)
+        self._restarting = False
         self._path: Owned | Joined = Owned(options)  # connect() makes it Joined
         if start:
             self.start()
@@ -119,8 +123,15 @@ class MPICluster:
 
     def start(self) -> MPICluster:
         """Start the controller and engines, wait for them and check the MPI world. Client."""
+        _shadow.check("this kernel")  # a folder named mpinb here: the engines would import it too
         if self.cluster is None:
+            began = time.monotonic()
+            crowded = _crowding(self._path)
+            if crowded:
+                _say(crowded)
             self._path.start(self)
+            if crowded:
+                _say(f"the {self.n} ranks started in {time.monotonic() - began:.1f} s; {_footprint(self)}.")
         return self
 
     @classmethod
@@ -152,6 +163,8 @@ class MPICluster:
         if self._exits is not None:
             self._exits.close()
             self._exits = None
+        if not self._restarting:
+            _targets.stopped(self)  # %%px goes back to the newest cluster still running, if it ran here
 
     def restart(self, *, timeout: float | None = None) -> MPICluster:
         """Replace every engine by a fresh MPI world of the same size and wait for the new one. Client.
@@ -166,7 +179,23 @@ class MPICluster:
         """
         if self.cluster is None:
             raise RuntimeError("restart() needs a cluster started by MPICluster or found from its cluster file.")
-        self._path.restart(self, timeout)
+        self._restarting = True  # the same cluster again: %%px stays on it
+        try:
+            self._path.restart(self, timeout)
+        finally:
+            self._restarting = False
+        return self
+
+    def activate(self) -> MPICluster:
+        """Make ``%%px`` run on this cluster's ranks. Client.
+
+        A cluster activates ``%%px`` when it starts; with several, the newest running one holds it,
+        and each change is said in one line. When the cluster ``%%px`` runs on stops, ``%%px`` goes
+        back to the newest one still running.
+        """
+        if self.view is None:
+            raise RuntimeError("activate() needs a running cluster; this MPICluster is stopped: start() it first.")
+        _targets.point_px_at(self)
         return self
 
     def healthy(self, timeout: float = 5.0) -> Health:
@@ -322,6 +351,7 @@ class MPICluster:
 
     def _identify(self, ids: list[int]) -> None:
         """Learn which engine is which rank, check they form one world, and set every engine up."""
+        _roles.note_cluster(self)  # from now on, a collective typed in this client raises (mpinb._roles)
         view = self.client.direct_view(targets=ids)
         found = view.apply_sync(_engine.identity)
         by_eid = dict(zip(ids, found, strict=True))
@@ -343,9 +373,20 @@ class MPICluster:
         stamp_cells(self.client)  # every engine learns which cell a request belongs to
         self.view = self.client.direct_view(targets=self._ids_by_rank)
         self.view.block = True
-        activate(self.view, self.deaths)
+        self._since = time.strftime("%H:%M:%S")
+        _targets.point_px_at(self)
+        self.client._mpinb_tell = _weak_tell(self)
         # mpinb's collective set-up (and each rank's thread budget) now, on every engine together.
         self._devices = list(self.view.apply_sync(_engine.set_up, self._path.started_by_mpinb, self._path.one_machine))
+        if self._path.started_by_mpinb:  # a rank killed by a fatal signal names it, and its last words (deaths())
+            from mpinb.client._engine_output import fatal_signals_to_launcher, grab_fd
+            from mpinb.client._launcher_output import relays_of
+
+            pipes = self.view.apply_sync(fatal_signals_to_launcher)
+            relays = relays_of(self.cluster)
+            for rank, (found, host) in enumerate(zip(pipes, self._engine_hosts, strict=True)):
+                if found and relays and host == socket.gethostname() and (copy := grab_fd(*found)) is not None:
+                    relays[0].keep_unread(rank, found[0], copy)
         for code in self._on_start:  # fresh engines after restart(): the setup the notebook asked for
             self.view.execute(code, block=True)
 
@@ -358,6 +399,15 @@ class MPICluster:
         self.client = self.view = None
         self._ids_by_rank = []
         self._devices = []
+
+    def _tell(self) -> None:
+        """Say what the user should know since the last request: engine output the disk could not keep."""
+        from mpinb.client._launcher_output import relays_of
+
+        for relay in relays_of(self.cluster):
+            note = relay.news()
+            if note:
+                _say(note)
 
     def _tracked_pids(self) -> list[int]:
         return tracked_pids(self)
@@ -382,3 +432,58 @@ def _devices_text(devices: list[str]) -> str:
     if len(set(devices)) == 1 and not devices[0].startswith("GPU"):
         return f" devices={devices[0]}"
     return " devices=[" + ", ".join(devices) + "]"
+
+
+def _say(text: str) -> None:
+    print(f"mpinb: {text}", file=sys.stderr, flush=True)
+
+
+def _weak_tell(cluster: MPICluster) -> Any:
+    """``cluster._tell``, without keeping ``cluster`` alive from its client."""
+    import weakref
+
+    ref = weakref.ref(cluster)
+
+    def tell() -> None:
+        held = ref()
+        if held is not None:
+            held._tell()
+
+    return tell
+
+
+def _crowding(path: Owned | Joined) -> str:
+    """What starting more ranks than this machine has cores means (for a cluster started here,
+    on this machine alone), or "" when each rank has a core."""
+    from mpinb.client.launch import MPICH_YIELD, usable_cores
+
+    options = getattr(path, "options", None)
+    if options is None or not options.on_this_machine:
+        return ""
+    n, cores = options.n, usable_cores()
+    if n <= cores:
+        return ""
+    waits = ", ".join(f"{var}={options.env.get(var, value)}" for var, value in MPICH_YIELD.items())
+    threads = options.threads_per_rank or max(1, cores // n)
+    share = n / cores
+    return (f"starting {n} ranks on the {cores} core{'s' if cores > 1 else ''} of this machine ({share:.3g} ranks a "
+            f"core): each rank computes at about 1/{share:.3g} of a core's speed, and a cell that waits for every "
+            f"rank waits for the slowest. Ranks waiting in MPI give their core away ({waits}), with {threads} "
+            f"BLAS/OpenMP/TensorFlow thread{'s' if threads > 1 else ''} each. MPICluster(n={cores}) gives each rank "
+            "a core of its own.")
+
+
+def _footprint(cluster: MPICluster) -> str:
+    """How many processes this machine runs for ``cluster``, and their memory (resident, summed)."""
+    import psutil
+
+    from mpinb.client._lifecycle import tracked_pids
+
+    pids = tracked_pids(cluster)
+    rss = 0
+    for pid in pids:
+        try:
+            rss += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            continue
+    return f"they run as {len(pids)} processes holding {rss / 2**30:.1f} GiB of memory"

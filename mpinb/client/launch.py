@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -12,11 +13,11 @@ from pathlib import Path
 from mpinb.client._processes import finish
 from mpinb.comm import thread_env
 
-__all__ = ["find_mpiexec", "mpi_env", "run_mpi"]
+__all__ = ["MPICH_YIELD", "find_mpiexec", "is_hydra", "mpi_env", "run_mpi", "usable_cores"]
 
 # MPICH busy-polls inside collectives; with more ranks than cores the polling ranks starve the
 # ranks doing work. Yielding halves the median step time on an oversubscribed machine.
-_MPICH_YIELD = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "MPIR_CVAR_POLLS_BEFORE_YIELD": "1"}
+MPICH_YIELD = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "MPIR_CVAR_POLLS_BEFORE_YIELD": "1"}
 
 
 def find_mpiexec() -> str:
@@ -42,6 +43,22 @@ def find_mpiexec() -> str:
     )
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), which its ``mpiexec`` ranks share. Local."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@functools.cache
+def is_hydra(mpiexec: str) -> bool:
+    """Whether ``mpiexec`` is Hydra (MPICH's, Intel MPI's launcher), from its ``--version``. Client."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "HYDRA" in out
+
+
 def mpi_env(n: int, *, threads_per_rank: int | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment for ``n`` ranks started from this machine: MPICH's yield settings when the ranks
     outnumber its cores, and ``threads_per_rank`` threads for every pool when given, without
@@ -56,9 +73,8 @@ def mpi_env(n: int, *, threads_per_rank: int | None = None, base: Mapping[str, s
     if threads_per_rank is not None:
         for var, value in thread_env(threads_per_rank).items():
             env.setdefault(var, value)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if n > cores:
-        for var, value in _MPICH_YIELD.items():
+    if n > usable_cores():
+        for var, value in MPICH_YIELD.items():
             env.setdefault(var, value)
     return env
 

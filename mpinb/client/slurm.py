@@ -24,9 +24,11 @@ from typing import Any
 
 from mpinb.client._launcher_output import has_ended, last_lines, output_of, tail
 
-__all__ = ["PMI_PREFERENCE", "SlurmEngines", "choose_pmi", "in_allocation", "parse_mpi_list", "reaching_address"]
+__all__ = ["PMI_PREFERENCE", "SlurmEngines", "choose_pmi", "in_allocation", "parse_mpi_list", "pmi_relay",
+           "reaching_address"]
 
-# MPICH (the mpich wheel) speaks PMI-2 itself; PMIx only when built with it, and Slurm's pmix
+# MPICH (the mpich wheel) speaks PMI-1, which srun's pmi2 plugin serves (the wheel's MPI_Init fails with
+# MPIR_CVAR_PMI_VERSION=2); PMIx only when built with it, and Slurm's pmix
 # plugin often does not even load (Debian's needs a libpmix of the same version). Open MPI speaks
 # PMIx. pmi2 first, then any pmix flavour Slurm lists.
 PMI_PREFERENCE = ("pmi2", "pmix")
@@ -34,6 +36,17 @@ _PROBE_TIMEOUT = 30.0  # seconds for one Slurm command that should answer at onc
 _GONE_TIMEOUT = 15.0  # seconds stop() waits for Slurm to report the job or step ended
 _LOOK_EVERY = 2.0  # seconds between looks at whether a starting job has ended
 _SLURMD_PORT = 6818  # Slurm's default, when `scontrol show config` does not say
+
+
+def pmi_relay(pmi: str) -> list[str]:
+    """What goes between ``srun --mpi=PMI`` and the engine: with pmi2, :mod:`mpinb.client._pmi1_relay`, which
+    keeps MPICH's PMI-1 requests within the 1,024 bytes Slurm's plugin reads at once (longer ones
+    corrupt the ranks' address exchange across nodes); nothing with other plugins. Local."""
+    if pmi != "pmi2":
+        return []
+    from mpinb.client import _pmi1_relay
+
+    return [sys.executable, "-I", os.path.abspath(_pmi1_relay.__file__)]
 
 
 def in_allocation(env: Mapping[str, str] | None = None) -> bool:
@@ -128,7 +141,7 @@ class SlurmEngines:
             # A step of the allocation this process runs in: ipyparallel's MPI launcher builds
             # `srun --mpi=pmi2 ARGS -n N ENGINE --mpi ...`, a local process whose output it keeps.
             mpi_cmd = [srun, f"--mpi={self.pmi}", f"--job-name={self.job_name}", *self.args]
-            return "mpi", {"MPILauncher": {"mpi_cmd": mpi_cmd, "mpi_args": []},
+            return "mpi", {"MPILauncher": {"mpi_cmd": mpi_cmd, "mpi_args": pmi_relay(self.pmi)},
                            "MPIEngineSetLauncher": {"environment": self.env}}
         # A batch job whose one step starts the engines; the command-line arguments of sbatch win
         # over the script's #SBATCH lines, so launcher_args can say anything sbatch takes.
@@ -138,7 +151,8 @@ class SlurmEngines:
             "#SBATCH --ntasks={n}",
             "#SBATCH --output={output_file}",
             "#SBATCH --export=ALL",
-            f"exec {shlex.quote(srun)} --mpi={self.pmi} {{program}} --mpi {{program_args}}",
+            f"exec {shlex.quote(srun)} --mpi={self.pmi} {shlex.join(pmi_relay(self.pmi))} {{program}} --mpi "
+            "{program_args}",
             "",
         ])
         # ipyparallel writes the script into its working directory (the notebook's folder) and leaves

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from mpinb._checks import check_int, default_comm
+from mpinb._collective import collective_call
 from mpinb._training.averaging import sum_arrays
 from mpinb.agreement import check_same, raise_together
 from mpinb.comm import allreduce
@@ -111,6 +112,11 @@ def evaluate(model: Any, x: Any, y: Any = None, *, batch_size: int = 32, steps: 
     >>> scores["accuracy"]
     """
     comm = default_comm(comm)
+    with collective_call("mpinb.keras.evaluate", comm):
+        return _evaluate(model, x, y, batch_size, steps, comm)
+
+
+def _evaluate(model: Any, x: Any, y: Any, batch_size: int, steps: int | None, comm: Any) -> dict[str, float]:
     ensure_chosen(comm)  # one GPU per rank, if nothing has initialised TensorFlow's devices yet
     with raise_together(comm=comm):
         check_int(batch_size, "batch_size", minimum=1)

@@ -15,6 +15,7 @@ from typing import Any
 import keras
 
 from mpinb._checks import default_comm
+from mpinb._collective import collective_call
 from mpinb._training.plan import check_accumulate, execution_boundary
 from mpinb._training.plan import steps_per_execution as _steps_per_execution
 from mpinb.agreement import check_same, raise_together
@@ -226,7 +227,9 @@ def fit(
     settings = FitSettings(batch_size, epochs, strategy, average_every, bool(shuffle), seed,
                             None if checkpoint is None else os.fspath(checkpoint), bool(resume), verbose,
                             steps_per_epoch, accumulate_steps, shards)
-    with stopper.flag:
+    # Outermost: an error of this rank's own step or callback, raised between two collectives,
+    # ends the other ranks' waits (in a script nothing else would).
+    with collective_call("mpinb.keras.fit", comm), stopper.flag:
         return _fit(model, x, y, (validation_data, validation_steps), settings, user_callbacks, stopper, comm)
 
 

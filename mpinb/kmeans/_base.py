@@ -34,7 +34,7 @@ from mpinb._constraints import (
     describe,
 )
 from mpinb._estimator import agree
-from mpinb._inputs import as_data, as_weights, check_width, raise_nonfinite
+from mpinb._inputs import as_data, as_weights, check_feature_names, check_width, feature_names, raise_nonfinite
 from mpinb._rows import RowMap
 from mpinb.agreement import raise_together
 from mpinb.kmeans._distances import column_sums
@@ -91,6 +91,7 @@ class Start:
     data: KMeansShard | None  # None when resuming a fitted model (partial_fit)
     layout: RowMap
     rng: np.random.RandomState
+    names: np.ndarray | None = None  # the feature names of X_local (the same on every rank), or none
 
     @property
     def shard(self) -> KMeansShard:
@@ -154,11 +155,14 @@ class KMeansBase(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
         fitted = resume and hasattr(self, "cluster_centers_")
         with raise_together(comm=comm):
             params = self._validated_params()
+            names = feature_names(X_local)
+            if fitted:
+                check_feature_names(self, X_local)
             X, weights, local_sum = checked_rows(X_local, sample_weight, None if fitted else params)
             if fitted:
                 check_width(X, self.n_features_in_, self, "X_local")
-        # A resumed fit has checked the width against the fitted model's on every rank.
-        agree(params.describe(), None if fitted else X.shape[1], name, comm=comm)
+        # A resumed fit has checked the width (and names) against the fitted model's on every rank.
+        agree(params.describe(), None if fitted else X.shape[1], name, comm=comm, names=names)
         data = None
         if fitted:
             layout = RowMap(_rows_per_rank(X, comm, method), comm)
@@ -170,7 +174,8 @@ class KMeansBase(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
         rng = getattr(self, "_random_state", None) if resume else None
         if rng is None:
             rng = resolve_random_state(self.random_state, comm, method)
-        return Start(comm, params, X, weights, data, layout, rng)
+        return Start(comm, params, X, weights, data, layout, rng, getattr(self, "feature_names_in_", None)
+                     if fitted else names)
 
     def _validated_params(self) -> KMeansParams:
         """Local checks of the hyper-parameters, with the messages users see on every rank."""

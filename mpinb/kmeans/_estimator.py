@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
+from mpinb._estimator import set_feature_names
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._base import KMeansBase
 from mpinb.kmeans._init import initial_centers
@@ -206,6 +207,7 @@ class KMeans(KMeansBase):
         self.n_iter_ = int(best.n_iter)
         self.inertia_history_ = np.asarray(best.history, dtype=np.float64)
         self.n_features_in_ = int(data.X.shape[1])
+        set_feature_names(self, start.names)
         return self
 
 

@@ -15,7 +15,7 @@ from mpinb import _collective
 from mpinb._checks import default_comm
 from mpinb._digest import digest
 from mpinb._estimator import RankAware
-from mpinb._inputs import as_data, as_weights, check_fitted, check_width, raise_nonfinite
+from mpinb._inputs import as_data, as_weights, check_feature_names, check_fitted, check_width, raise_nonfinite
 from mpinb.agreement import check_same, raise_together
 from mpinb.kmeans._distances import column_sums, euclidean, local_inertia, nearest
 
@@ -124,6 +124,7 @@ class FittedCentres(RankAware):
 
     def _check_input(self, X: Any) -> np.ndarray:
         check_fitted(self, "cluster_centers_")
+        check_feature_names(self, X)
         X = as_data(X, "k-means")
         check_width(X, self.n_features_in_, self)
         if not np.isfinite(column_sums(X, len(self.cluster_centers_))).all():

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mpinb._constraints import Accepts, Exactly, Flag, Integer, Real
+from mpinb._estimator import set_feature_names
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._base import KMeansBase, KMeansParams
 from mpinb.kmeans._batches import State, Step, labels_inertia, minibatches, one_step
@@ -253,6 +254,7 @@ class MiniBatchKMeans(KMeansBase):
         self.n_steps_ = run.n_steps
         self.n_iter_ = -(-run.n_steps * batch // data.n_total)  # ceil
         self.n_features_in_ = int(data.X.shape[1])
+        set_feature_names(self, start.names)
         return self
 
     def partial_fit(self, X_local: Any, y: Any = None, sample_weight: Any = None) -> MiniBatchKMeans:
@@ -318,6 +320,7 @@ class MiniBatchKMeans(KMeansBase):
             self.labels_, self.inertia_ = labels, float(inertia)
         self.n_steps_ = done + 1
         self.n_features_in_ = int(X.shape[1])
+        set_feature_names(self, start.names)
         return self
 
 

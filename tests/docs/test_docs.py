@@ -68,6 +68,55 @@ def test_every_api_name_has_a_page(site: Path) -> None:
     assert not missing, f"public names without an API page: {missing}"
 
 
+# scikit-learn's machinery that the class template leaves out on purpose (metadata routing, params).
+_NOT_DOCUMENTED = {"set_fit_request", "set_predict_request", "set_score_request", "set_transform_request",
+                   "set_partial_fit_request", "set_inverse_transform_request", "set_output",
+                   "get_metadata_routing", "set_params", "get_params"}
+
+
+def test_every_public_method_has_an_entry_inherited_ones_included(site: Path) -> None:
+    """A user reads ``KMeans.predict`` and that ``score`` is a collective on the class's page, not
+    only through ``help()``: every public method and property of every public class, wherever it
+    is defined (mpinb's shared bases, scikit-learn's mixins), has its entry."""
+    import inspect
+
+    import mpinb
+
+    missing = []
+    for name in mpinb.__all__:
+        cls = getattr(mpinb, name)
+        if not inspect.isclass(cls) or issubclass(cls, BaseException):
+            continue
+        page = (site / "api" / "generated" / f"mpinb.{name}.html").read_text()
+        for member in dir(cls):
+            if member.startswith("_") or member in _NOT_DOCUMENTED:
+                continue
+            if callable(getattr(cls, member)) or isinstance(inspect.getattr_static(cls, member), property):
+                if f'id="mpinb.{name}.{member}"' not in page:
+                    missing.append(f"{name}.{member}")
+    assert not missing, f"public methods without an entry on their class's page: {missing}"
+
+
+def test_every_tutorial_shows_the_outputs_of_its_code() -> None:
+    """The site renders the tutorials with their saved outputs: each code cell must have run, as it
+    reads now, in the notebooks tier (``python3 tests/run.py --tier notebooks --save-outputs``), and
+    each tutorial shows its figures."""
+    import nbformat
+
+    from support.saved_outputs import stale_cells
+
+    problems = {}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        found = stale_cells(nb)
+        if not any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", [])):
+            found.append("no figure saved")
+        if found:
+            problems[path.name] = found
+    assert not problems, ("tutorials whose saved outputs do not come from their code (rerun "
+                          f"`python3 tests/run.py --tier notebooks --save-outputs`): {problems}")
+
+
 def test_pages_render_in_chromium(site: Path) -> None:
     _need(f"{CHROMIUM} (apt-get install chromium)", os.path.exists(CHROMIUM))
     try:

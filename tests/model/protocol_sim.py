@@ -9,9 +9,16 @@ run is a function of its choices: :mod:`explore` enumerates every combination of
 (a bounded exhaustive search, for small worlds) and draws them by seeded random walks (for larger
 ones), and a failing run replays exactly from its choice list. After every step the simulator
 checks what can fail at once (a step missing from the protocol table, two different collectives
-matched by MPI); at the end of a run, the guarantees of
-:func:`mpinb._collective.protocol.invariant_violations`, the recovery of the next cell, hangs and
-requests left pending on a communicator.
+matched by MPI, a timeout that does not name a stopped rank); each time the virtual clock moves,
+the invariants of time (every call with a deadline ends by it plus :data:`SLACK`; a rank whose wait
+another rank decided -- by revoking the generation at or before its place, by ending its cell or
+dying before entering its operation -- leaves it within :data:`BOUND`); at the end of a run, the
+guarantees of :func:`mpinb._collective.protocol.invariant_violations`, the invariants of truth (an
+error names a rank that left, raised, was stopped or differed; a mismatch needs programs that
+differ; where the only fault came after the last collective, the other ranks' cells end without an
+error), the recovery of the next cell and requests left pending on a communicator. A run has a
+budget (:data:`T_MAX` virtual seconds, :data:`STEPS_PER_RANK` steps a rank): past it, the run is a
+violation, so a protocol made slow or busy is reported, not left to run out the tier's time.
 
 What is simulated, not run: MPI (collectives matched by order on a communicator, each rank's request
 completing on its own; point-to-point messages delivered in order per pair), the status board (the
@@ -30,6 +37,7 @@ them after the run, and it silences the layer's warnings for the run (``warnings
 
 from __future__ import annotations
 
+import math
 import pickle
 import warnings
 from collections import deque
@@ -47,12 +55,19 @@ from mpinb._collective import channels as _channels
 from mpinb._collective import ops as _ops
 from mpinb._collective import protocol as _p
 from mpinb._collective.runtime import Pace, Runtime
+from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
 from mpinb.interrupt import Interrupts
 
 TICK = 0.01  # virtual seconds a rank that yields the core waits before it runs again unasked
 IDLE_TICK = 0.05  # an engine idle between cells looks at its notices this often (as ``_IDLE_NOTICES``)
 BOUND = 1.0  # a rank whose wait another rank decided is released within this (the promise)
-T_MAX = 60.0  # virtual seconds after which a run that has not ended is a hang
+SLACK = 0.1  # a call with a deadline ends within this past it (the simulated pauses are at most 0.05 s)
+# The budget of one schedule: a run that has not ended by then is reported as a violation (a hang, or
+# waits grown slow or busy), never left to eat the tier's time. Measured over 14,356 random walks at
+# 2-16 ranks: every run ended by 3.6 virtual seconds, and within 231, 456, 674, 900, 1,579 and 3,547
+# steps at 2, 3, 4, 5, 8 and 16 ranks (about 220 a rank).
+T_MAX = 10.0  # virtual seconds
+STEPS_PER_RANK = 1_000
 
 
 class Violation(BaseException):
@@ -250,6 +265,10 @@ class SimBoard(_board.Board):
     def alive(self, rank: int) -> bool:
         return self.sim.ranks[rank].alive
 
+    def stopped(self, rank: int) -> bool:
+        sim = self.sim
+        return sim.ranks[rank].alive and sim.now < sim.ranks[rank].frozen_until
+
     def ask_where(self, ranks: list[int], timeout: float = 1.0) -> dict[int, str]:
         return {r: self.sim.ranks[r].where for r in ranks if self.sim.ranks[r].alive}
 
@@ -270,6 +289,10 @@ class SimBoard(_board.Board):
     def mark_revoked(self, gen: int) -> None:
         super().mark_revoked(gen)
         self.sim.wake_host(self.rank)
+        # Only a rank that sends a revocation marks it: the note that travels (a rank that gives up
+        # on a generation already revoked sends none).
+        note = next(g.revoked for g in self.sim.ranks[self.rank].chan.gens if g.number == gen)
+        self.sim.revocations.append((gen, note["index"], self.rank, self.sim.now))
 
 
 # -- virtual time, and the runtime a simulated rank runs in ------------------------------------------
@@ -320,6 +343,12 @@ class Raise:
 
 
 @dataclass
+class RaiseBetween:
+    """The rank's framework raises here, between two collectives of the scenario's mpinb call
+    (``Scenario.fit``): TensorFlow's error in one rank's train step."""
+
+
+@dataclass
 class Die:
     """The rank's process dies here."""
 
@@ -346,6 +375,9 @@ class Scenario:
     deaths: list[tuple[int, int]] = field(default_factory=list)
     freezes: dict[tuple[int, int], float] = field(default_factory=dict)
     script: bool = False  # a batch script: no cells (cell 0), and it catches each collective's error
+    # Each cell's steps are one mpinb call (mpinb._collective.collective_call, as mpinb.keras.fit):
+    # an error inside it ends the call (in a script, caught after it).
+    fit: bool = False
 
 
 def value_of(label: str, rank: int) -> float:
@@ -391,7 +423,16 @@ class Record:
     gave_up: list[_p.GiveUp] = field(default_factory=list)
     rules: set[tuple[_p.Phase, str]] = field(default_factory=set)
     errors: dict[tuple[int, int], str] = field(default_factory=dict)
+    raised: dict[tuple[int, int], BaseException] = field(default_factory=dict)  # (rank, cell) -> its cell's error
+    # (rank, cell) -> what the rank itself did wrong there, when (and how many of its calls had
+    # returned): "raise" (its code raised), "interrupt" (Ctrl-C, also while computing), "raise inside",
+    # "dies", "frozen", "gave up" (a deadline passed, or any other give-up that revokes).
+    faults: dict[tuple[int, int], list[tuple[str, float, int]]] = field(default_factory=dict)
+    returned: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, cell) -> calls that returned
     data_left: int = 0  # data messages left pending by an operation abandoned as its arrival completed
+    seconds: float = 0.0  # the virtual time the run ended at
+    overrun: float = -math.inf  # the most a call with a deadline ended past it
+    released: float = 0.0  # the longest a rank waited after the first trouble in its cell
 
 
 # -- the simulator ------------------------------------------------------------------------------
@@ -419,6 +460,17 @@ class Sim:
         self.moving_abandoned: set[str] = set()
         self.lagging = -1
         self.arrivals: dict[int, Instance] = {}  # each rank's latest arrival
+        # For the invariants of time: each rank's call with a deadline (cell, label, deadline), the
+        # place in its cell of the operation it waits in (cell, place, label, since: the cell-end
+        # comparison is the place after its calls), the highest place each rank reached in each
+        # cell, the operation each rank has in a phase (and since when), and the revocations sent
+        # (generation, place, rank, when).
+        self.deadlines: dict[int, tuple[int, str, float]] = {}
+        self.inside: dict[int, tuple[int, int, str, float]] = {}
+        self.reached: dict[tuple[int, int], int] = {}
+        self.op_of: dict[int, tuple[Any, float]] = {}
+        self.revocations: list[tuple[int, int, int, float]] = []
+        self.died_at: dict[int, float] = {}
         self.completed_by_abandoner: set[int] = set()  # arrivals some rank completed for an abandoned operation
 
     # MPI
@@ -476,6 +528,11 @@ class Sim:
 
     def send(self, ctx: Context, src: int, dst: int, tag: int, data: bytes) -> None:
         self.flight.setdefault((src, dst), deque()).append((ctx, tag, data))
+
+    def fault(self, rank: Rank, kind: str) -> None:
+        """``rank`` does something wrong in the cell it runs (see :attr:`Record.faults`)."""
+        c = rank.cell_index
+        self.rec.faults.setdefault((rank.r, c), []).append((kind, self.now, self.rec.returned.get((rank.r, c), 0)))
 
     # the ranks' side
     def pause(self, seconds: float) -> None:
@@ -563,6 +620,7 @@ class Sim:
             self.interrupts_left.discard((rank.cell.id, rank.r))
             rank.interrupt = True
             self.rec.first_trouble.setdefault(rank.cell.id, self.now)
+            self.fault(rank, "interrupt")
             self._run(rank)
         elif kind == "raise":
             rank = self.ranks[choice[1]]
@@ -570,6 +628,7 @@ class Sim:
             self.raises_left.discard((rank.cell.id, rank.r))
             rank.raise_inside = True
             self.rec.first_trouble.setdefault(rank.cell.id, self.now)
+            self.fault(rank, "raise inside")
             self._run(rank)
         elif kind == "kill":
             rank = self.ranks[choice[1]]
@@ -581,6 +640,7 @@ class Sim:
             seconds = self.freezes_left.pop((rank.cell.id, rank.r))
             self.note(f"rank {rank.r} is stopped for {seconds:g} s inside a collective")
             rank.frozen_until = self.now + seconds
+            self.fault(rank, "frozen")
             rank.wake_at = max(rank.wake_at, rank.frozen_until)
         elif kind == "complete":
             req = choice[4]
@@ -647,11 +707,16 @@ class Sim:
                 for rank in self.ranks:
                     if rank.alive and before < rank.frozen_until <= self.now:
                         self._thaw(rank)
+                self._check_time()
                 if self.now > T_MAX:
-                    raise Violation("hang: " + self._describe_waiting())
+                    raise Violation(f"over budget: {T_MAX:g} virtual seconds and the run has not ended (a hang, "
+                                    "or waits grown slow): " + self._describe_waiting())
                 continue
             choice = choices[self.chooser.choose(len(choices))] if len(choices) > 1 else choices[0]
             self.steps += 1
+            if self.steps > STEPS_PER_RANK * self.n:
+                raise Violation(f"over budget: {STEPS_PER_RANK * self.n:,} steps by {self.now:.2f} virtual s and the "
+                                "run has not ended (waits grown busy): " + self._describe_waiting())
             self.apply(choice)
             if self.protocol_errors:
                 raise Violation(self.protocol_errors[0])
@@ -666,6 +731,49 @@ class Sim:
                     rank.glet.throw(Stop)
                 except BaseException:  # noqa: BLE001 - a rank's teardown must not mask the result
                     pass
+
+    def _check_time(self) -> None:
+        """The invariants of time, each time the clock moves: every call with a deadline ends by it
+        plus :data:`SLACK`; a rank whose wait another rank decided (by revoking the generation it
+        waits on, at or before its place; by leaving its cell before entering the operation it
+        waits in; by dying before completing it) leaves that wait within :data:`BOUND` of the
+        decision. A stopped rank's own clock starts when it resumes."""
+        now = self.now
+        for r, (cell, label, deadline) in self.deadlines.items():
+            rank = self.ranks[r]
+            if rank.alive and now > max(deadline, rank.frozen_until) + SLACK:
+                raise Violation(f"rank {r}'s {label} (cell {cell}) still waits {now - deadline:.2f} s after its "
+                                f"deadline (slack {SLACK:g} s)")
+        for r, (op, since) in self.op_of.items():
+            rank = self.ranks[r]
+            if not rank.alive or op.outcome or op.phase not in (_p.ARRIVING, _p.MOVING) or op.gen is None:
+                continue
+            for gen, index, by, at in self.revocations:
+                start = max(at, since, rank.frozen_until)
+                if by != r and gen == op.gen.number and op.index >= index and now - start > BOUND + SLACK:
+                    raise Violation(f"rank {r} still waits in {op.name} #{op.index} (generation {gen}) "
+                                    f"{now - start:.2f} s after rank {by} revoked it at #{index} (bound {BOUND:g} s)")
+        for r, (cell, place, label, since) in self.inside.items():
+            rank = self.ranks[r]
+            if not rank.alive or self.sc.script:
+                continue
+            for q in self.ranks:
+                if q is rank:
+                    continue
+                if q.alive:
+                    at = self.rec.cell_ended.get((q.r, cell))
+                    if at is None or self.reached.get((q.r, cell), 0) >= place:
+                        continue
+                    what = "ended its cell"
+                else:
+                    at = self.died_at.get(q.r)
+                    if at is None or self.rec.returned.get((q.r, cell), 0) >= place:
+                        continue
+                    what = "died"
+                start = max(at, since, rank.frozen_until)
+                if now - start > BOUND + SLACK:
+                    raise Violation(f"rank {r} still waits in {label} (cell {cell}) {now - start:.2f} s after rank "
+                                    f"{q.r} {what} without entering it (bound {BOUND:g} s)")
 
     def _describe_waiting(self) -> str:
         return "; ".join(f"rank {rank.r} at {rank.where}" for rank in self.ranks
@@ -711,29 +819,37 @@ class Sim:
                 error: BaseException | None = None
                 begun = 0
                 try:
-                    for step in cells[c][r]:
+                    for step in self._steps(rank, cells[c][r]):
                         if isinstance(step, Call):
                             begun += 1
-                            self.rec.ops_begun[r, c + 1] = begun
+                            self.rec.ops_begun[r, c + 1] = self.reached[r, c + 1] = begun
                             rank.where = f"allreduce {step.label} in cell {c + 1}"
                             try:
                                 self._call(rank, c + 1, step)
                             except Exception:  # noqa: BLE001 - a script that goes on after an error
-                                if not self.sc.script:
+                                if not self.sc.script or self.sc.fit:
                                     raise
                         elif isinstance(step, Compute):
                             self.compute(step.seconds)
                         elif isinstance(step, Raise):
+                            self.fault(rank, "raise")
                             raise ValueError(f"the user's code raised on rank {r}")
                         elif isinstance(step, Die):
                             self._die(rank)
                             return
                     rank.where = f"the end of cell {c + 1}"
                     if not self.sc.script:
-                        # The cell's last statement on an engine (cells.EndCheck).
-                        _collective.cell_end_check(runtime=rank.runtime)
+                        # The cell's last statement on an engine (cells.EndCheck): an operation at
+                        # the place after the cell's calls.
+                        self.reached[r, c + 1] = begun + 1
+                        self.inside[r] = (c + 1, begun + 1, "the cell-end comparison", self.now)
+                        try:
+                            _collective.cell_end_check(runtime=rank.runtime)
+                        finally:
+                            self.inside.pop(r, None)
                 except (KeyboardInterrupt, Exception) as err:  # the cell's error, as the engine records it
                     error = err
+                    self.rec.raised[r, c + 1] = err
                 rank.where = f"idle after cell {c + 1}"
                 self.rec.cell_errors[r, c + 1] = error is not None
                 self.note(f"cell {c + 1} ends: " + ("ok" if error is None else f"{type(error).__name__}: {error}"))
@@ -754,12 +870,27 @@ class Sim:
         finally:
             rank.state = FINISHED
 
+    def _steps(self, rank: Rank, steps: list[Any]) -> Any:
+        """A cell's steps; with ``Scenario.fit``, inside one mpinb call, where a ``RaiseBetween`` is
+        raised (a collective's error leaves the loop, and the call with it, as it leaves fit)."""
+        if not self.sc.fit:
+            yield from steps
+            return
+        with _collective.collective_call("fit", rank.chan.parent):
+            for step in steps:
+                if isinstance(step, RaiseBetween):
+                    self.fault(rank, "raise")
+                    raise RuntimeError(f"simulated: rank {rank.r}'s framework raised in its train step")
+                yield step
+
     def _idle(self, rank: Rank) -> None:
         rank.state, rank.wake_at = IDLE, self.now + IDLE_TICK
         self._switch_out(rank)
         rank.chan.notices()
 
     def _die(self, rank: Rank) -> None:
+        self.fault(rank, "dies")
+        self.died_at[rank.r] = self.now
         rank.alive = False
         rank.where = "dead"
         self.rec.first_trouble.setdefault(rank.cell.id, self.now)
@@ -770,16 +901,34 @@ class Sim:
         value = np.full(step.size, value_of(step.label, rank.r))
         began = self.now
         self.ops_in[rank.r] = (cell, step.label, began)
+        self.inside[rank.r] = (cell, self.reached[rank.r, cell], step.label, began)
+        if step.timeout is not None:
+            self.deadlines[rank.r] = (cell, step.label, began + step.timeout)
         try:
             result = mpinb.allreduce([value], comm=rank.chan.parent, timeout=step.timeout)[0]
-        except BaseException:
+        except BaseException as err:
             self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, False, False, began, self.now))
+            if isinstance(err, CollectiveTimeout):
+                self._check_named(rank, step.label, err)
             raise
         finally:
             self.ops_in.pop(rank.r, None)
+            self.inside.pop(rank.r, None)
+            if self.deadlines.pop(rank.r, None) is not None:
+                self.rec.overrun = max(self.rec.overrun, self.now - began - step.timeout)
+        self.rec.returned[rank.r, cell] = self.rec.returned.get((rank.r, cell), 0) + 1
         right = float(sum(value_of(step.label, q) for q in range(self.n)))
         self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, True, bool(np.all(result == right)),
                                              began, self.now))
+
+    def _check_named(self, rank: Rank, label: str, err: CollectiveTimeout) -> None:
+        """A timeout names every rank that is stopped (SIGSTOP) as it is raised: the one thing a
+        user can do something about."""
+        stopped = [q.r for q in self.ranks if q.alive and self.now < q.frozen_until]
+        unnamed = [q for q in stopped if q not in err.missing]
+        if unnamed:
+            self.protocol_errors.append(f"rank {rank.r}'s timeout in {label} does not name stopped rank(s) "
+                                        f"{unnamed}: {err}")
 
     # observing the protocol
     def note(self, text: str) -> None:
@@ -805,6 +954,13 @@ class Sim:
         if op is None or self.current is None:
             return
         rank = self.current
+        if rule.to is not None:
+            if rule.to == _p.ARRIVING:
+                self.op_of[rank.r] = (op, self.now)
+        else:
+            self.op_of.pop(rank.r, None)
+            if rule.event == "deadline":
+                self.fault(rank, "gave up")
         if rule.event == "arrived" and id(self.arrivals.get(rank.r)) in self.completed_by_abandoner:
             self.protocol_errors.append(f"rank {rank.r} moved data in {op.name} #{op.index} on an arrival that "
                                         "another rank completed for an abandoned operation")
@@ -831,9 +987,12 @@ class Sim:
             for r, cell, label, entered, left in rec.abnormal:
                 # A stopped process waits for nothing: its bound runs from when it resumed.
                 start = max(entered, trouble or 0.0, self.ranks[r].frozen_until)
+                if cell == c and trouble is not None:
+                    rec.released = max(rec.released, left - start)
                 if cell == c and trouble is not None and left - start > BOUND + 1e-9:
                     problems.append(f"rank {r} waited in {label} (cell {c}) {left - start:.2f} s "
                                     f"after the first trouble in its cell (bound {BOUND:g} s)")
+        problems += self._false_errors()
         if not dead:
             last = len(self.sc.cells) + 1
             for r in range(self.n):
@@ -853,6 +1012,40 @@ class Sim:
                             rec.data_left += 1
         if problems:
             raise Violation("; ".join(dict.fromkeys(problems)))
+
+
+    def _false_errors(self) -> list[str]:
+        """The invariants of truth, per cell of the scenario: an error that names a rank (``by``)
+        names one that did something wrong in that cell (raised, was interrupted, died, was
+        stopped, gave up), whose program there differs, or that had left the cell when the error
+        was raised (its cell ended: it says why in turn); a ``CollectiveMismatchError`` needs
+        programs that differ; and where every rank made the same collectives and the only faults
+        came after a rank's last collective had returned (its code raised, or Ctrl-C reached it
+        computing), every other rank's cell ends without an error."""
+        rec, found = self.rec, []
+        for c, cell in enumerate(self.sc.cells, start=1):
+            calls = [tuple((s.label, s.size) for s in steps if isinstance(s, Call)) for steps in cell]
+            common = max(set(calls), key=calls.count)
+            culprits = {r for r in range(self.n) if (r, c) in rec.faults or calls[r] != common
+                        or any(not isinstance(s, Call) for s in cell[r])}
+            differ = len(set(calls)) > 1
+            late_only = all(kind in ("raise", "interrupt") and done == len(calls[r])
+                            for (r, cc), events in rec.faults.items() if cc == c for kind, _, done in events)
+            for r in range(self.n):
+                err = rec.raised.get((r, c))
+                if err is None:
+                    continue
+                what = f"rank {r}'s cell {c} raised {type(err).__name__}: {err}"
+                by = getattr(err, "by", None)
+                left = by is not None and (rec.cell_ended.get((by, c), math.inf) <= rec.cell_ended[r, c]
+                                           or self.died_at.get(by, math.inf) <= rec.cell_ended[r, c])
+                if isinstance(err, CollectiveAbandoned) and by is not None and by not in culprits and not left:
+                    found.append(f"{what} -- naming rank {by}, which did nothing wrong in that cell")
+                elif isinstance(err, CollectiveMismatchError) and not differ:
+                    found.append(f"{what} -- though every rank made the same collectives")
+                elif late_only and not differ and (r, c) not in rec.faults and not self.sc.script:
+                    found.append(f"{what} -- though the only fault came after every collective of the cell")
+        return found
 
 
 def _is_arrival(args: tuple) -> bool:
@@ -882,6 +1075,7 @@ def run_schedule(scenario: Scenario, chooser: Any,
         except Violation as v:
             return sim.rec, str(v), sim.steps
         finally:
+            sim.rec.seconds = sim.now
             sim.stop()
             for rank in sim.ranks:
                 if rank.chan is not None:

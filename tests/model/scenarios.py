@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import random
 
-from protocol_sim import Call, Compute, Die, Raise, Scenario
+from protocol_sim import Call, Compute, Die, Raise, RaiseBetween, Scenario
 
 BASE = [["a", "b"]]  # the collectives of the cell, the same on every rank; the check cell comes next
 
@@ -96,6 +96,19 @@ def faults(n: int) -> list[tuple[str, object]]:
         settings = late_past_deadline(cells, rng)
         return {**settings, "script": True, "queued": True}
 
+    def script_raise_between(cells, rng):
+        # Issue 49's case: one rank's framework raises inside an mpinb call (TensorFlow's error in
+        # its train step), before, between or after the call's collectives; the others wait in, or
+        # come to, the next collective.
+        cells[0][last].insert(rng.randrange(3), RaiseBetween())
+        return {"script": True, "queued": True, "fit": True}
+
+    def script_every_rank_raises_between(cells, rng):
+        i = rng.randrange(3)
+        for r in range(n):
+            cells[0][r].insert(i, RaiseBetween())
+        return {"script": True, "queued": True, "fit": True}
+
     def different_shapes(cells, rng):
         i = rng.randrange(2)
         cells[0][last][i] = Call(BASE[0][i], size=3)
@@ -154,6 +167,8 @@ def faults(n: int) -> list[tuple[str, object]]:
             ("raise inside after a failure", raise_inside_after_a_failure),
             ("no fault, next cell queued", lambda cells, rng: {"queued": True}),
             ("script: late past a deadline", script_late_past_deadline),
+            ("script: a rank's framework raises between two operations", script_raise_between),
+            ("script: every rank's framework raises between two operations", script_every_rank_raises_between),
             ("script: no fault", lambda cells, rng: {"script": True, "queued": True}),
             ("no fault", lambda cells, rng: {})]
 

@@ -7,7 +7,9 @@ and 3 ranks a bounded exhaustive search (every combination of the first 7, resp.
 choices, depth first, later choices taking the first option, up to a budget of schedules per
 scenario; :func:`explore.exhaustive`), then seeded random walks at 4, 5, 8 and 16 ranks (every
 choice drawn; :func:`explore.random_walks`). An ordering that differs only after the depth is met
-at 2 and 3 ranks only if a walk at 4 or more happens to make it. It ends with one line:
+at 2 and 3 ranks only if a walk at 4 or more happens to make it. Each schedule runs within a budget
+of steps and virtual time (see :mod:`protocol_sim`), so a bug that makes the protocol slow is
+reported as a violation, not as the tier's timeout. It ends with one line:
 ``model: N schedules, 0 violations, M of M mutants caught``.
 
 ``MPINB_MODEL_SCHEDULES`` scales the search (default 100,000 schedules asked for: the exhaustive
@@ -178,3 +180,52 @@ def test_a_rank_that_gave_up_while_moving_to_a_fresh_communicator_has_left() -> 
     for a rank that had left (its place had not grown) and waited for the late rank 2 instead."""
     scenario = build(3, "late after a failure", "one host", 0)
     assert replay(scenario, [0, 0, 0, 1]) is None
+
+
+# -- found by the invariants of time and of truth (issue 50) ----------------------------------------
+def test_a_rank_that_raised_after_the_last_collective_fails_no_other_rank() -> None:
+    """Found by the model at 2 ranks: rank 1 raised after the cell's last collective, and rank 0's
+    cell-end comparison, told by its own wait that rank 1 had left, read the revoked generation one
+    too early and raised a false CollectiveMismatchError. Now every other rank returns; at 4 ranks on
+    their own hosts too, where the revocation can arrive before the raising rank's cell-end note."""
+    for n, layout in ((2, "one host"), (4, "own hosts")):
+        scenario = build(n, "raise after", layout, 0)
+        record, violation, _ = run_schedule(scenario, Chooser([]))
+        assert violation is None, violation
+        assert record.cell_errors[n - 1, 1] and not any(record.cell_errors[r, 1] for r in range(n - 1))
+    with MUTANTS["a false mismatch when a rank raised after the cell's last collective"]():
+        assert "CollectiveMismatchError" in (replay(build(2, "raise after", "one host", 0), []) or "")
+
+
+def test_a_timeout_names_a_rank_stopped_while_the_others_arrive() -> None:
+    """Found by the model at 2 ranks: rank 1, stopped (SIGSTOP) after posting its arrival, looked
+    arrived, and rank 0's timeout said "every rank seems to have arrived". It now names the stop."""
+    scenario = build(2, "frozen inside, others under a deadline", "one host", 0)
+    record, violation, _ = run_schedule(scenario, Chooser([]))
+    assert violation is None, violation
+    assert "rank 1 (its process is stopped (SIGSTOP" in record.errors[0, 1], record.errors[0, 1]
+    with MUTANTS["a stopped rank unnamed in a timeout while ranks arrive"]():
+        assert "does not name stopped rank(s) [1]" in (replay(scenario, []) or "")
+
+
+def test_the_move_to_a_fresh_communicator_ends_by_the_deadline() -> None:
+    scenario = build(2, "late after a failure", "one host", 0)
+    assert replay(scenario, []) is None
+    with MUTANTS["the move to a fresh communicator ignoring the deadline"]():
+        assert "after its deadline (slack" in (replay(scenario, []) or "")
+
+
+def test_a_revocation_reaches_a_rank_waiting_at_the_place_given_up() -> None:
+    scenario = build(2, "late past a deadline", "own hosts", 0)
+    assert replay(scenario, []) is None
+    with MUTANTS["a revocation reaching one place too few (> for >=)"]():
+        assert "after rank 0 revoked it at #2 (bound 1 s)" in (replay(scenario, []) or "")
+
+
+def test_a_schedule_past_its_budget_is_a_violation() -> None:
+    """Without the tree, a rank whose host's board says a revocation is due waits up to 5 s for it
+    in 10 us sleeps: about 500,000 steps a rank. The run stops at its budget (1,000 steps a rank)."""
+    scenario, choices = build(4, "raise after", "own hosts", 0), [0] * 13 + [3, 2]
+    assert replay(scenario, choices) is None
+    with MUTANTS["a revocation not passed on down the tree"]():
+        assert (replay(scenario, choices) or "").startswith("over budget: 4,000 steps")

@@ -22,6 +22,8 @@ import psutil
 import pytest
 from nbclient import NotebookClient
 
+from support import saved_outputs
+
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
@@ -30,6 +32,8 @@ def run_notebook(name: str, parameters: dict, results: list[str], timeout: int =
     convention) and return the values of ``results`` from the kernel's namespace (pickled, so
     arrays arrive as arrays)."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    # A tutorial saved with its outputs keeps the parameters they were made with: these replace them.
+    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
     index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", []))
     overrides = "\n".join(f"{key} = {value!r}" for key, value in parameters.items())
     nb.cells.insert(index + 1, nbformat.v4.new_code_cell(overrides, metadata={"tags": ["injected-parameters"]}))
@@ -57,7 +61,17 @@ def run_notebook(name: str, parameters: dict, results: list[str], timeout: int =
             values = pickle.load(fh)
     finally:
         os.unlink(out.name)
-    return values | {"_notebook": nb}
+    return values | {"_notebook": nb, "_name": name}
+
+
+@pytest.fixture
+def keep_outputs():
+    """Save a tutorial with its outputs when the run asks for it (``--save-outputs``), once its test
+    has passed: the test calls the fixture with what :func:`run_notebook` returned, last."""
+    def keep(got: dict) -> None:
+        if saved_outputs.asked():
+            saved_outputs.save(got["_notebook"], NOTEBOOKS / got["_name"])
+    return keep
 
 
 def processes_marked(marker: str) -> list[psutil.Process]:
@@ -81,7 +95,7 @@ def errors(nb) -> list[str]:
     return [o.get("ename", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
-def test_01_mpi_engines() -> None:
+def test_01_mpi_engines(keep_outputs) -> None:
     got = run_notebook(
         "01_mpi_engines.ipynb",
         {"n_engines": 2, "n_rows": 2_001},  # odd, so the shards differ: rank 0 owns one row more
@@ -113,9 +127,10 @@ def test_01_mpi_engines() -> None:
     nb = got["_notebook"]
     failed = [c for c in nb.cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
     assert figures(nb) == 1 and len(failed) == 1 and "raises-exception" in failed[0].metadata.get("tags", [])
+    keep_outputs(got)
 
 
-def test_03_sharded_keras() -> None:
+def test_03_sharded_keras(keep_outputs) -> None:
     epochs = 12
     got = run_notebook(
         "03_sharded_keras.ipynb",
@@ -163,9 +178,10 @@ def test_03_sharded_keras() -> None:
     assert len(got["files_losses"]) == 5 and got["files_losses"][-1] < got["files_losses"][0] / 2
     assert not os.path.exists(got["data_dir"])  # the notebook removed the part files
     assert figures(got["_notebook"]) >= 4 and not errors(got["_notebook"])
+    keep_outputs(got)
 
 
-def test_04_scaling() -> None:
+def test_04_scaling(keep_outputs) -> None:
     got = run_notebook(
         "04_scaling.ipynb",
         {"ranks": [1, 2], "n_rows": 40_000, "train_rows": 2_048, "global_batch": 256, "epochs": 2},
@@ -187,9 +203,10 @@ def test_04_scaling() -> None:
     assert got["comm_fraction"][0] == 0.0 and 0.0 < got["comm_fraction"][1] < 1.0  # one rank has nothing to exchange
     assert got["wait_fraction"][0] == 0.0 and 0.0 <= got["wait_fraction"][1] <= got["comm_fraction"][1]
     assert figures(got["_notebook"]) == 2 and not errors(got["_notebook"])
+    keep_outputs(got)
 
 
-def test_02_distributed_kmeans() -> None:
+def test_02_distributed_kmeans(keep_outputs) -> None:
     got = run_notebook(
         "02_distributed_kmeans.ipynb",
         {"n_engines": 2, "n_rows": 20_000, "n_clusters": 5, "n_features": 2},
@@ -212,3 +229,4 @@ def test_02_distributed_kmeans() -> None:
     messages = got["error_messages"]
     assert len(messages) == 2 and messages[0] == messages[1] and "NaN" in messages[0], messages
     assert figures(got["_notebook"]) >= 3 and not errors(got["_notebook"])  # live inertia, clusters, convergence
+    keep_outputs(got)

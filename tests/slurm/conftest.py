@@ -24,7 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     netsim.skip_tier_unless(items, Path(__file__).parent, "slurm", slurmsim.unavailable_reason)
-    # A lost node stays lost (bringing its slurmd back costs ~8 s): the tests that lose one run last.
+    # The tests that lose a node run last, in file order (the node-loss test, then the one that
+    # boots the node again): the others need every node.
     items.sort(key=lambda item: item.get_closest_marker("loses_a_node") is not None)
 
 

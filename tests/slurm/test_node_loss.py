@@ -1,15 +1,19 @@
 """A Slurm node lost mid-cell (its slurmd, slurmstepd and tasks SIGKILLed, as a crash looks to the
 others): deaths() names its ranks first and says what became of the rest, restart() moves to the
 nodes Slurm still has without waiting on the lost job, and a job Slurm cannot start is reported
-as queued, with squeue's reason."""
+as queued, with squeue's reason; then the node boots again and the first srun that spans it works."""
 
 from __future__ import annotations
 
 import re
+import sys
 import time
 
 import pytest
 from test_mpicluster import check_hosts, start
+from test_slurm import DENSE_HEAP
+
+from mpinb.client.slurm import pmi_relay
 
 LOOP = ("import time, numpy as np, mpinb\n"
         "for _ in range(2000):\n"
@@ -56,7 +60,21 @@ def test_a_node_lost_mid_cell(slurm, capsys):
             _start_queued(6, 5)
         assert "is queued: PENDING (" in capsys.readouterr().err
     finally:
-        cluster.stop()  # host2 stays lost: this test runs last in the tier (see conftest.py)
+        cluster.stop()  # host2 stays lost until the next test boots it again (see conftest.py)
+
+
+@pytest.mark.loses_a_node
+def test_first_srun_across_a_node_that_came_back(slurm):
+    """host2, lost by the test before (its slurmd, stepd and tasks SIGKILLed), boots again: the first
+    srun --mpi=pmi2 that spans it, as mpinb starts ranks, is one world (with the heap that overflows
+    Slurm's PMI read without mpinb's relay, see test_slurm.py)."""
+    slurm.restore_node("host2")
+    proc = slurm.run(["srun", "-N", "3", "-n", "3", "--mpi=pmi2", *pmi_relay("pmi2"), sys.executable, "-m",
+                      "mpi4py.bench", "helloworld"], env=DENSE_HEAP, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "mpi/pmi2" not in proc.stderr, proc.stderr
+    seen = sorted(re.findall(r"I am process (\d+) of (\d+) on (\S+)\.", proc.stdout))
+    assert seen == [("0", "3", "host1"), ("1", "3", "host2"), ("2", "3", "host3")]
 
 
 def _start_queued(n: int, timeout: float) -> None:

@@ -189,6 +189,19 @@ class SlurmCluster:
                 self._daemons.remove(proc)
                 DAEMON_PIDS.discard(proc.pid)
 
+    def restore_node(self, name: str, timeout: float = 90.0) -> None:
+        """A lost node back, as after a reboot: declared down first (what slurmctld does SlurmdTimeout
+        after the crash; it ends the jobs the crash left COMPLETING there at once, instead of at its
+        next 30 s look), then its slurmd started again in the host's namespaces, its spool as the crash
+        left it; ReturnToService=2 returns it to service. Returns once Slurm lists the node idle."""
+        host = self.sim.hosts_by_name[name]
+        if self._node_state(name) != "idle":
+            self.run(["scontrol", "update", f"NodeName={name}", "State=DOWN", "Reason=crashed"])
+        if not any(p.args[-4:-2] == ["-N", name] and p.poll() is None for p in self._daemons):
+            self._spawn(["nsenter", "--target", str(host.pid), "--net", "--uts", "--",
+                         "slurmd", "-D", "-N", name, "-f", self.conf])
+        _wait_for(lambda: self._node_state(name) == "idle", timeout, f"{name} did not come back", self._log_tail)
+
     def log(self, name: str = "slurmctld") -> str:
         path = Path(self.folder) / "log" / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
@@ -208,6 +221,9 @@ class SlurmCluster:
         out = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=10).stdout.split("\n")
         states = dict(line.split() for line in out if line.strip())
         return len(states) == len(self.sim.hosts) and all(s == "idle" for s in states.values())
+
+    def _node_state(self, name: str) -> str:
+        return self.run(["sinfo", "-h", "-n", name, "-o", "%t"], timeout=10).stdout.strip()
 
     def _log_tail(self) -> str:
         tails = []

@@ -236,6 +236,19 @@ def test_plot_clusters_one_distinct_colour_per_cluster_and_centres_in_place() ->
     assert ax.get_xlabel() == "feature 0" and ax.get_ylabel() == "feature 1"
 
 
+def test_plot_clusters_legend_shows_each_colour_large_enough_and_centres_neutral() -> None:
+    # 20,000 points are drawn as 2-point dots: a legend copied from them is unreadable.
+    X, labels, centers = _blobs([8000, 6000, 6000], d=2)
+    ax = plot_clusters(X, labels, centers, max_points=20_000)
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["cluster 0", "cluster 1", "cluster 2", "centres"]
+    handles = legend.legend_handles
+    faces = [to_rgba(h.get_markerfacecolor()) for h in handles]
+    np.testing.assert_allclose([f[:3] for f in faces[:3]], [_rgba(c)[0, :3] for c in ax.collections[:3]])
+    assert all(h.get_markersize() >= 6 for h in handles)
+    assert faces[3] not in faces[:3] and to_rgba(handles[3].get_markeredgecolor()) == (0, 0, 0, 1)
+
+
 def test_plot_clusters_projects_points_and_centres_with_pca_when_d_exceeds_2() -> None:
     X, labels, centers = _blobs([60, 60, 80, 50], d=6, seed=1)
     ax = plot_clusters(X, labels, centers)
@@ -447,6 +460,22 @@ def test_plot_timing_per_rank_draws_one_stacked_bar_per_rank_and_epoch() -> None
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["compute", "communication"]
 
 
+def test_plot_timing_per_rank_over_many_epochs_averages_groups_of_epochs() -> None:
+    rng = np.random.default_rng(5)
+    compute, comm = rng.uniform(1, 2, (36, 3)), rng.uniform(0.1, 0.5, (36, 3))
+    h = {"epoch": list(range(36)), "compute_seconds": compute.tolist(), "comm_seconds": comm.tolist()}
+    ax = plot_timing(h, per_rank=True)
+    for r in range(3):
+        low, high = _bars(ax, f"compute rank {r}"), _bars(ax, f"communication rank {r}")
+        assert len(low) == 12  # 36 epochs in groups of 3
+        np.testing.assert_allclose([b.get_height() for b in low], compute[:, r].reshape(12, 3).mean(axis=1))
+        np.testing.assert_allclose([b.get_y() + b.get_height() for b in high],
+                                   (compute[:, r] + comm[:, r]).reshape(12, 3).mean(axis=1))
+        assert low[0].get_width() > 0.5  # a third of three epochs' width, not a hairline
+    assert "mean of each 3 epochs" in ax.get_title()
+    assert "mean of each" not in plot_timing(h).get_title()  # one mean bar per epoch stays as it is
+
+
 def test_plot_timing_one_rank_into_given_axes() -> None:
     compute, comm = [[3.0], [2.5], [2.75]], [[0.5], [0.75], [0.25]]
     _, ax = plt.subplots()
@@ -604,3 +633,35 @@ def test_watch_refuses_what_is_not_an_async_result_before_drawing(value) -> None
     with pytest.raises(TypeError, match=r"watch\(\) takes the AsyncResult of a `%%px --noblock` cell.*got "
                                         + type(value).__qualname__):
         watch(value, display=False)
+
+
+def test_watch_leaves_a_line_of_text_where_its_progress_bar_was(monkeypatch) -> None:
+    # A saved notebook keeps a widget without its state: its text stand-in was the bar's first frame.
+    pytest.importorskip("ipywidgets")
+    import IPython.display
+
+    from mpinb.live import KEY, watch
+
+    shown: list[list] = []
+
+    class Handle:
+        def __init__(self, first) -> None:
+            self.history = [first]
+
+        def update(self, obj) -> None:
+            self.history.append(obj)
+
+    def display(obj, display_id=False):
+        shown.append((handle := Handle(obj)).history)
+        return handle
+
+    message = {"run": "r", "kind": "loss", "step": 3, "total": 3, "done": True, "steps": [1, 2, 3],
+               "series": {"loss": [1.0, 0.5, 0.25]}}
+    ar = SimpleNamespace(ready=lambda: True, get=lambda: "result", data={KEY: message})
+    monkeypatch.setattr(IPython.display, "display", display)
+    seen = watch(ar, display=True)
+    bar_history = shown[0]
+    assert type(bar_history[0]).__name__ == "IntProgress" and bar_history[0].value == 3
+    assert type(bar_history[-1]).__name__ == "Pretty" and bar_history[-1].data == "progress: epoch 3 of 3, done"
+    assert bar_history[0].comm is None  # the widget was closed
+    assert seen.result == "result"

@@ -177,8 +177,22 @@ def plot_clusters(
         title += f" ({len(keep):,} points shown)"
     ax.set_title(title)
     if k <= 10:
-        ax.legend(fontsize="small")
+        ax.legend(handles=_legend_handles(colors, ids, present, centers is not None), fontsize="small")
     return ax
+
+
+def _legend_handles(colors: Any, ids: np.ndarray, present: np.ndarray, with_centres: bool) -> list[Any]:
+    """Legend entries drawn for reading, not copied from the plot: the points may be 2-pixel dots,
+    too small to tell colours apart in a legend, and the centres' marker takes the first cluster's
+    colour there; so one full-size dot per cluster shown, and the centres as a neutral ``X``."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], linestyle="none", marker="o", markersize=8, markerfacecolor=colors[c],
+                      markeredgewidth=0, label=f"cluster {ids[c]}") for c in present]
+    if with_centres:
+        handles.append(Line2D([], [], linestyle="none", marker="X", markersize=11, markerfacecolor="white",
+                              markeredgecolor="black", markeredgewidth=1.5, label="centres"))
+    return handles
 
 
 def _subsample(codes: np.ndarray, max_points: int, random_state: int | None) -> np.ndarray:

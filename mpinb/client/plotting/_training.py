@@ -150,7 +150,9 @@ def plot_timing(history: Any, *, ax: Any = None, per_rank: bool = False) -> Any:
         Axes to draw into; a new figure is made when omitted.
     per_rank : bool, default False
         With more than one rank, draw one thin stacked bar per rank side by side in each epoch
-        instead of one bar of the mean over ranks.
+        instead of one bar of the mean over ranks; beyond 12 epochs, consecutive epochs are
+        averaged in groups so that at most 12 groups of bars are drawn (the title says how many
+        epochs a group holds).
 
     Returns
     -------
@@ -182,10 +184,21 @@ def plot_timing(history: Any, *, ax: Any = None, per_rank: bool = False) -> Any:
     epochs = _epoch_numbers(h, len(comm))
     ranks = comm.shape[1]
     ax = axes(ax)
+    title = "Time per epoch: compute and communication"
     if per_rank and ranks > 1:
-        width = 0.8 / ranks
+        # Beyond a dozen epochs, bars one rank wide each become hairlines: consecutive epochs are
+        # averaged in groups, so there are at most a dozen groups of bars whatever the run's length.
+        group = -(-len(epochs) // _MAX_GROUPS)
+        if group > 1:
+            starts = np.arange(0, len(epochs), group)
+            sizes = np.diff(np.append(starts, len(epochs)))[:, None]
+            compute = np.add.reduceat(compute, starts, axis=0) / sizes
+            comm = np.add.reduceat(comm, starts, axis=0) / sizes
+            epochs = np.add.reduceat(epochs.astype(np.float64), starts) / sizes[:, 0]
+            title += f"\n(mean of each {group} epochs)"
+        width = 0.8 * group / ranks
         for r in range(ranks):
-            x = epochs - 0.4 + width * (r + 0.5)
+            x = epochs - 0.4 * group + width * (r + 0.5)
             # Only rank 0's pair goes in the legend; the colours already say compute/communication.
             ax.bar(
                 x,
@@ -219,7 +232,11 @@ def plot_timing(history: Any, *, ax: Any = None, per_rank: bool = False) -> Any:
         ax.set_ylabel("seconds" if ranks == 1 else f"seconds (mean over {ranks} ranks)")
     integer_ticks(ax)
     ax.set_xlabel("epoch")
+    ax.set_title(title)
     return ax
+
+
+_MAX_GROUPS = 12  # groups of per-rank bars plot_timing draws at most
 
 
 def _history_dict(history: Any) -> dict[str, Any]:
