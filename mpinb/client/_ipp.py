@@ -240,10 +240,13 @@ def engine_uuids(client: Any) -> dict[int, Any]:
 
 def _refuse_stopped(cluster: Any) -> None:
     """A ``%%px`` cell for a cluster that stopped, with no other running: say how to point it."""
+    from IPython.core.error import UsageError
+
     from mpinb.client._targets import describe
 
     what = describe(cluster) if cluster is not None else "an MPICluster that no longer exists"
-    raise RuntimeError(
+    # IPython shows a UsageError (that class exactly) as its message, not a traceback through magics.
+    raise UsageError(
         f"%%px runs on {what}, which is stopped, and no other MPICluster is running: start one "
         "(MPICluster(n=...) takes %%px), or restart() a stopped one; cluster.activate() points %%px at a "
         "running cluster."
@@ -318,6 +321,11 @@ class _NoticeRelay:
 NANNY_SAW_EXIT = re.compile(r"\[KernelNanny\.(?P<engine>\d+)\] Pipe closed, parent (?P<pid>\d+) has status")
 ENGINE_EXIT = re.compile(r"EXIT STRING: .*\(signal (?P<signal>\d+)\)|EXIT CODE: (?P<code>\d+)")
 _HYDRA_NAMES = re.compile(r"PID (?P<pid>\d+) RUNNING AT .*\n.*EXIT CODE: (?P<code>\d+)")
+# Open MPI's prterun names a rank it saw killed by a signal: "prterun noticed that process rank 1 with
+# PID 4242 on node n1 exited on signal 9 (Killed)." Open MPI 5.0's says "PID 0": then the rank tells,
+# which each engine's log names with its engine id ("[IPEngine.RANK.ID]", the id it asked for first).
+_PRTERUN_NAMES = re.compile(r"process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node \S+ exited on\s+"
+                            r"signal (?P<signal>\d+)")
 
 
 def engine_deaths(text: str, first_pid: int | None = None) -> list[tuple[int, int, str]]:
@@ -344,4 +352,9 @@ def engine_deaths(text: str, first_pid: int | None = None) -> list[tuple[int, in
                 except ValueError:
                     how = f"signal {number}"
                 break
+    for said in _PRTERUN_NAMES.finditer(text):
+        engines = set(re.findall(rf"\[IPEngine\.{said['rank']}\.(\d+)\]", text)) if said["pid"] == "0" else set()
+        if int(said["pid"]) == int(first["pid"]) or engines == {first["engine"]}:
+            number = int(said["signal"])
+            how = _signal.Signals(number).name if number in set(_signal.Signals) else f"signal {number}"
     return [(int(first["engine"]), int(first["pid"]), how)]

@@ -16,6 +16,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from mpinb._listeners import confine_listeners_of
 from mpinb.client._ipp import engine_uuids
 from mpinb.client._launcher_output import has_ended, last_lines, output_of, relays_of, tail
 from mpinb.client._processes import (
@@ -109,6 +110,9 @@ class Owned:
             self.watchdog.remove_on_death(self.leftovers)
             mc.client = mc.cluster.connect_client_sync()
             mc._identify(wait_for_new_engines(mc, set()))
+            if self.options.on_this_machine:  # Open MPI's prterun listens on every address: mpinb._listeners
+                for launcher in list(mc.cluster.engines.values()):
+                    confine_listeners_of(getattr(launcher, "pid", None) or -1)
             self._cancel_on_death(mc)
             self.watchdog.watch(mc._local_engine_pids)
             _protect_files(mc.cluster)

@@ -167,8 +167,11 @@ _HOST_OPTIONS = frozenset({"f", "hostfile", "machinefile", "host", "hosts", "hos
 # When every rank runs on this machine, MPI's network transports stay on loopback: UCX (the mpich
 # wheel's) and libfabric's TCP provider (conda-forge's MPICH) would otherwise listen on every
 # address the machine has. (Hydra's own control port ignores these: it binds every address, and
-# the engines filter it to loopback instead, from their first line: ENGINE_BOOT.)
-_LOOPBACK = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}
+# the engines filter it to loopback instead, from their first line: ENGINE_BOOT.) Open MPI's ranks
+# open a TCP listener on 0.0.0.0 and :: for their TCP transport even when every peer is local; a
+# one-machine world needs only shared memory and self. (prterun's own port: the client filters it,
+# mpinb._listeners.)
+_LOOPBACK = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo", "OMPI_MCA_btl": "self,sm"}
 
 
 def _config(base: dict[str, Any], extra: Any) -> Any:

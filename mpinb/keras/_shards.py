@@ -84,7 +84,7 @@ def weighted_by_rows(model: Any, plan: BatchPlan, shards: str, exchange: TensorE
         else:
             exchange.weigh_by_batch(True)
     guard = [v for v in model.non_trainable_variables if np.dtype(str(v.dtype)).kind == "f"] if empty_steps else []
-    counter = StepRows.enter(model, exchange=exchange, guard=guard)
+    counter = StepRows.enter(model, exchange=exchange, guard=guard, skip_empty=empty_steps)
     loop.rows = counter
     completed = False
     try:

@@ -44,7 +44,8 @@ class StepRows:
         self.depends: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # see enter()
 
     @classmethod
-    def enter(cls, model: Any, *, exchange: Any = None, guard: list[Any] | None = None) -> StepRows:
+    def enter(cls, model: Any, *, exchange: Any = None, guard: list[Any] | None = None,
+              skip_empty: bool = False) -> StepRows:
         """A counter installed on ``model`` for one fit: the one its last completed fit traced, with
         that trace, when nothing the trace depends on has changed since, else a new one (retraced).
 
@@ -56,7 +57,7 @@ class StepRows:
         depends = None if generation is None else (
             (exchange, model.optimizer, generation, *guard),
             (None if exchange is None else (exchange.by_batch, exchange.accumulate),
-             getattr(model, "steps_per_execution", 1), model.jit_compile, model.run_eagerly, len(guard)),
+             getattr(model, "steps_per_execution", 1), model.jit_compile, model.run_eagerly, len(guard), skip_empty),
         )
         kept = vars(model).pop(KEPT, None)
         if depends is not None and kept is not None and _same(kept[0].depends, depends):
@@ -67,7 +68,7 @@ class StepRows:
             return counter
         counter = cls()
         counter.depends = depends
-        counter.install(model, exchange=exchange, guard=guard)
+        counter.install(model, exchange=exchange, guard=guard, skip_empty=skip_empty)
         return counter
 
     def leave(self, model: Any, *, completed: bool) -> None:
@@ -83,13 +84,37 @@ class StepRows:
         """The rows counted so far (a read of the variable)."""
         return int(self.seen.numpy())
 
-    def install(self, model: Any, *, exchange: Any = None, guard: list[Any] | None = None) -> None:
-        """Wrap ``model.train_step`` (an instance attribute over the class's method) and retrace."""
+    def install(self, model: Any, *, exchange: Any = None, guard: list[Any] | None = None,
+                skip_empty: bool = False) -> None:
+        """Wrap ``model.train_step`` (an instance attribute over the class's method) and retrace.
+
+        With ``skip_empty`` (this rank may have steps without rows), a step of no rows never runs
+        the model: TensorFlow's kernels are not all defined on empty tensors (with oneDNN, the
+        gradient of MaxPooling over 0 rows aborts the process), and there is nothing to learn from
+        it. It applies zero gradients instead, so the gradient exchange still runs (this rank's weight
+        is its 0 rows), every rank takes the same update and the optimizer counts the step; metrics
+        and BatchNorm statistics stay as they were."""
         import tensorflow as tf
 
         original = model.train_step
         guarded = list(guard or [])
         seen = self.seen
+        if skip_empty and model.optimizer is not None and not model.optimizer.built:
+            # Built now, outside the traced step: the update runs inside a tf.cond branch, where no
+            # variable may be created.
+            model.optimizer.build(model.trainable_variables)
+        outputs: list[Any] = []  # the structure of the step's own output, from the branch that runs it
+
+        def with_rows(data: Any) -> Any:
+            out = original(data)
+            outputs.append(keras.tree.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), out))
+            return out
+
+        def without_rows() -> Any:
+            variables = list(model.trainable_weights)
+            if variables and model.optimizer is not None:
+                model.optimizer.apply_gradients(zip([tf.zeros_like(v) for v in variables], variables, strict=True))
+            return _unchanged_logs(model, outputs[-1])
 
         def train_step(data: Any) -> Any:
             x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
@@ -101,7 +126,11 @@ class StepRows:
             if exchange is not None:
                 exchange.step_rows = tf.cast(rows, tf.float32)
             try:
-                out = original(data)
+                if skip_empty:
+                    # The branch with rows is traced first (tf.cond's order): it gives the structure.
+                    out = tf.cond(rows > 0, lambda: with_rows(data), without_rows)
+                else:
+                    out = original(data)
             finally:
                 if exchange is not None:
                     exchange.step_rows = None  # a trace-time handoff: no graph tensor outlives its trace
@@ -118,6 +147,27 @@ class StepRows:
         if "train_step" in vars(model):
             del model.train_step
             _compat.retrace(model)
+
+
+def _unchanged_logs(model: Any, specs: Any) -> Any:
+    """What a step without rows returns in place of the step's own output (``specs``: its
+    structure): each metric's current result (Keras's own step returns them by name), zeros for
+    anything else."""
+    import tensorflow as tf
+
+    results = model.get_metrics_result() if isinstance(specs, dict) else {}
+
+    def value(name: Any, spec: Any) -> Any:
+        found = results.get(name)
+        if found is not None:
+            found = tf.cast(tf.convert_to_tensor(found), spec.dtype)
+            if found.shape == spec.shape:
+                return found
+        return tf.zeros(spec.shape, spec.dtype)
+
+    if isinstance(specs, dict):
+        return {k: value(k, spec) for k, spec in specs.items()}
+    return keras.tree.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), specs)
 
 
 def _same(a: tuple[tuple[Any, ...], tuple[Any, ...]] | None, b: tuple[tuple[Any, ...], tuple[Any, ...]]) -> bool:

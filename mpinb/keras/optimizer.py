@@ -192,7 +192,7 @@ class TensorExchange(GradientExchange):
         # This rank's rows in the step being traced, handed over by fit's train step wrapper
         # (mpinb.keras._step) while that step is traced.
         self.step_rows: Any = None
-        self._slots: dict[Any, Any] = {}  # by dtype, the packed array's last element without rows
+        self._slots: dict[Any, Any] = {}  # by dtype, the packed array's last element, read at run time
 
     def batch_rows(self) -> Any:
         """The traced step's rows when gradients are weighted by them as the step runs
@@ -295,14 +295,14 @@ class TensorExchange(GradientExchange):
         import tensorflow as tf
 
         dtype = dense[0].dtype
-        if rows is None:
-            if dtype not in self._slots:
-                with tf.init_scope():  # made outside the step being traced, so any trace may make it
-                    self._slots[dtype] = tf.Variable(tf.zeros([1], dtype), trainable=False,
-                                                     name="mpinb_exchange_slot")
-            slot = self._slots[dtype].read_value()
-        else:
-            slot = tf.reshape(tf.cast(rows, dtype), [1])
+        if dtype not in self._slots:
+            with tf.init_scope():  # made outside the step being traced, so any trace may make it
+                self._slots[dtype] = tf.Variable(tf.zeros([1], dtype), trainable=False, name="mpinb_exchange_slot")
+        if rows is not None:
+            # Through the variable too: a step without rows sends zero gradients, and where its
+            # pipeline's batches have a static 0 rows the rows are a constant as well.
+            self._slots[dtype].assign(tf.reshape(tf.cast(rows, dtype), [1]))
+        slot = self._slots[dtype].read_value()
         sizes = [g.shape.num_elements() for g in dense]
         packed = tf.concat([tf.reshape(g, [-1]) for g in dense] + [slot], axis=0)
         summed = tf.numpy_function(self.reduce_packed, [packed], dtype, stateful=True, name="mpinb_allreduce")

@@ -109,7 +109,9 @@ def test_ranks_beyond_the_cores_and_which_cluster_px_runs_on(shell: Any, monkeyp
     finally:
         first.stop()
     result, _ = _cell(shell, "%%px\nx = 1")
-    assert isinstance(result.error_in_exec, RuntimeError), repr(result.error_in_exec)
+    from IPython.core.error import UsageError
+
+    assert type(result.error_in_exec) is UsageError, repr(result.error_in_exec)  # its message, no traceback
     assert re.match(r"%%px runs on first \(MPICluster n=2, .*\), which is stopped, and no other MPICluster is running: "
                     r"start one", str(result.error_in_exec)), result.error_in_exec
 

@@ -5,12 +5,17 @@ Only rank 0 prints progress; failures print on every rank.
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 from mpi4py import MPI
 
 from support.mpitools import pytest_runtest_logreport, pytest_sessionstart  # noqa: F401 - shared rank-aware reporting
+
+# oneDNN on, explicitly (TensorFlow's default on x86, read once as it is imported): with it, kernels
+# fed a batch of no rows abort the process (test_keras_empty_batches.py).
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 COMM = MPI.COMM_WORLD
 
@@ -23,7 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # estimators and Keras prove rank-independence at 1, 2 and 4, and the protocol's orderings at every
 # size are the model tier's (tests/model).
 ODD_WORLD_FILES = {"test_agreement.py", "test_cells.py", "test_comm.py", "test_deadline.py", "test_feature_names.py",
-                   "test_layer.py", "test_shards.py"}
+                   "test_keras_empty_batches.py", "test_keras_raises.py", "test_layer.py", "test_shards.py"}
 
 
 # At 4 ranks the files whose results could depend on the number of ranks (the estimators, Keras's

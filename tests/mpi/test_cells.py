@@ -121,3 +121,33 @@ def test_a_rank_that_left_its_cell_never_keeps_the_others_waiting_nor_pairs_with
         # (At two ranks, at once, A's arrival completes with rank 1's B: a meeting of two cells.)
         assert f"rank 1 ended its cell ({LEAVES[leaves]})" in str(a_error), str(a_error)
         assert waited < 1.0, f"rank {RANK} waited {waited:.2f} s for a rank that had left its cell"
+
+
+# Issue 50: who reaches the end of the cell first, the rank that raises or the others.
+RAISES_AFTER = {"the others wait": (0.3, 0.0), "it raises first": (0.0, 0.3)}
+
+
+@pytest.mark.mpi_sizes(2, 3)
+@pytest.mark.parametrize("first", list(RAISES_AFTER))
+def test_a_rank_that_raises_after_the_cells_only_collective_fails_alone(dup: Any, first: str) -> None:
+    """Every rank makes the cell's one collective; then the last rank raises. The others' cell-end
+    comparison learns that it ended its cell after the same collectives, and returns: their value
+    is right (they used to raise a false CollectiveMismatchError, often naming a rank that did
+    nothing). Raising first, its next cell's collective meets the others' comparison, which also
+    returns. The next cell works on every rank."""
+    last = SIZE - 1
+    raiser_sleeps, others_sleep = RAISES_AFTER[first]
+    with cell(next(_ids)) as in_a:
+        a_value = _value(dup, 1.0)
+        if RANK == last:
+            time.sleep(raiser_sleeps)
+            raise ValueError("the user's code raised after the collective")
+        time.sleep(others_sleep)
+        _collective.cell_end_check()  # an engine's last statement of every cell
+    with cell(next(_ids)) as in_b:
+        b_value = _value(dup, 10.0)
+    assert_everywhere(in_b["error"] is None and b_value == _expected(10.0),
+                      f"cell B's collective: {in_b['error']!r}, {b_value if in_b['error'] is None else None}")
+    assert_everywhere(a_value == _expected(1.0), f"cell A's collective returned {a_value}")
+    mine = in_a["error"]
+    assert_everywhere(isinstance(mine, ValueError) if RANK == last else mine is None, f"cell A ended with {mine!r}")

@@ -1,0 +1,72 @@
+"""What mpinb does for Open MPI's launcher: its death reports read, its wildcard port filtered."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from mpinb._listeners import confine_listeners_of
+from mpinb.client._ipp import engine_deaths
+
+NANNIES = ("2026-12-07 13:39:17.936 [KernelNanny.1] Pipe closed, parent 4712 has status: zombie\n"
+           "2026-12-07 13:39:18.451 [KernelNanny.0] Pipe closed, parent 4711 has status: None\n")
+PRTERUN = ("--------------------------------------------------------------------------\n"
+           "prterun noticed that process rank 1 with PID {pid} on node vm exited on\n"
+           "signal 9 (Killed).\n"
+           "--------------------------------------------------------------------------\n")
+
+
+@pytest.mark.parametrize("pid", ["4712", "0"])
+def test_prterun_s_word_on_a_killed_rank_names_its_signal(pid: str) -> None:
+    # Open MPI 5.0's prterun says "PID 0": the rank is matched to its engine by the engines' log.
+    logs = "2026-12-07 13:39:10.162 [IPEngine.1.1] Completed registration with id 1\n"
+    text = logs + NANNIES + PRTERUN.format(pid=pid)
+    assert engine_deaths(text) == [(1, 4712, "SIGKILL")]
+    assert engine_deaths(logs + NANNIES + PRTERUN.format(pid="4711")) == [(1, 4712, "its process ended")]
+
+
+_LISTENER = """
+import socket, sys, time
+listeners = []
+for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+    sock = socket.socket(family)
+    sock.bind((address, 0))
+    sock.listen()
+    listeners.append(sock)
+print(*(s.getsockname()[1] for s in listeners), flush=True)
+time.sleep(60)
+"""
+
+
+def _answers(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect((address, port))
+        except TimeoutError:
+            return False
+        return True
+
+
+def test_a_child_s_wildcard_listeners_answer_loopback_alone() -> None:
+    outside = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+               if a.family in (socket.AF_INET, socket.AF_INET6) and not a.address.startswith(("127.", "::1", "fe80"))]
+    if not outside:
+        pytest.skip("this machine has no address but loopback")
+    child = subprocess.Popen([sys.executable, "-c", _LISTENER], stdout=subprocess.PIPE, text=True)
+    try:
+        port4, port6 = (int(p) for p in child.stdout.readline().split())  # type: ignore[union-attr]
+        assert confine_listeners_of(child.pid) == 2
+        assert _answers("127.0.0.1", port4) and _answers("127.0.0.1", port6) and _answers("::1", port6)
+        for address in outside:
+            if ":" not in address:
+                assert not _answers(address, port4), address
+            assert not _answers(address, port6), address
+    finally:
+        child.kill()
+        child.wait()
+    assert confine_listeners_of(child.pid) == 0  # gone: nothing to do, no error
