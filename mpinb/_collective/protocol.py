@@ -13,8 +13,8 @@ how the arrival is encoded and what its reduced value means (:func:`arrival_head
 :func:`decide_arrival`), whether a revocation reaches an operation (:func:`revocation_reaches`),
 what a rank that finds its generation revoked owes the others (:func:`late_arrival`), whether a
 rank it waits for has left (:func:`departure`), and whether the ranks of a cell made the same
-collectives (:class:`CellLedger`). :func:`invariant_violations` states the guarantees as
-predicates over the outcomes of all ranks; :func:`diagram_markdown` draws the table.
+collectives (:class:`CellLedger`). :func:`diagram_markdown` draws the table. The guarantees, as
+predicates over the outcomes of all ranks, are the test oracle's (``tests/model/oracle.py``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import numpy as np
 __all__ = [
     "ABANDONED", "ABANDONED_VOTE", "ARRIVING", "CELL", "CELL_END", "DIGEST", "DONE", "FAILED", "IDLE", "INDEX",
     "MOVING", "OUTCOMES", "PHASES", "SWITCHING", "TABLE", "TIMED_OUT", "VOTE", "VOTES", "WORDS", "Arrival",
-    "CallOutcome", "CellLedger", "Outcome", "Phase", "ProtocolError", "Rule", "abandoned_header", "arrival_header",
-    "decide_arrival", "departure", "diagram_markdown", "invariant_violations", "late_arrival", "outside_scope",
+    "CellLedger", "Outcome", "Phase", "ProtocolError", "Rule", "abandoned_header", "arrival_header",
+    "decide_arrival", "departure", "diagram_markdown", "late_arrival", "outside_scope",
     "revocation_reaches", "step",
 ]
 
@@ -324,70 +324,6 @@ class CellLedger:
         calls = ", ".join(f"{name} ({site})" for name, site in self.shown)
         more = f", and {self.count - len(self.shown)} more" if self.count > len(self.shown) else ""
         return f"{self.count} collective{'' if self.count == 1 else 's'}: {calls}{more}"
-
-
-# -- the guarantees -----------------------------------------------------------------------------
-class CallOutcome(NamedTuple):
-    """How one rank's call of the protocol model ended: ``cell``, the call's ``label``, whether it
-    returned (``returned``) and whether its value is the one the same call of every rank gives."""
-
-    rank: int
-    cell: int
-    label: str
-    returned: bool
-    right: bool
-    began: float = 0.0  # when the call was made and when it ended, in seconds
-    ended: float = 0.0
-
-
-class GiveUp(NamedTuple):
-    """A rank that gave up its call ``label`` of ``cell`` (a deadline, an interrupt, an exception
-    inside it) at time ``at``."""
-
-    rank: int
-    cell: int
-    label: str
-    at: float
-
-
-def invariant_violations(calls: Sequence[CallOutcome], cell_errors: dict[tuple[int, int], bool],
-                         released: dict[int, float | None], bound: float,
-                         gave_up: Sequence[GiveUp] = (), away: float = float("inf")) -> list[str]:
-    """The guarantees, as predicates over every rank's outcomes; the violated ones, described.
-
-    - *no wrong value without an error*: a call that returned a value other than the one the same
-      call of every rank gives is only allowed where that rank's cell ends with an error
-      (``cell_errors[rank, cell]``);
-    - *agreement*: a call that another rank gave up while it was in progress (and no rank had yet
-      completed) does not return a value the others did not get, when it ran on ``away`` seconds or
-      more after the give-up (a rank that was stopped, or long in a C call, wakes to raise with the
-      others; a quick one may have finished before it could know);
-    - *released in time*: a rank whose wait was decided (another rank raised, left or exited) is
-      released within ``bound`` seconds of the deciding event (``released[rank]``: the delay, ``None``
-      if it never was).
-    """
-    found = []
-    # A give-up after some rank had already returned from the call cannot be agreed on (that rank
-    # has its value): it binds only the calls of a collective nobody had completed.
-    binding = [g for g in gave_up
-               if not any(c.returned and (c.cell, c.label) == (g.cell, g.label) and c.ended <= g.at for c in calls)]
-    for c in calls:
-        if c.returned and not c.right and not cell_errors.get((c.rank, c.cell), False):
-            found.append(f"rank {c.rank} returned a wrong value from {c.label} in cell {c.cell} without an error")
-        if not c.returned:
-            continue
-        for g in binding:
-            if (g.rank != c.rank and (g.cell, g.label) == (c.cell, c.label) and c.began < g.at
-                    and c.ended - g.at >= away):
-                found.append(f"rank {c.rank} returned from {c.label} in cell {c.cell} {c.ended - g.at:.2f} s after "
-                             f"rank {g.rank} gave it up, instead of raising with it")
-                break
-    for rank, delay in sorted(released.items()):
-        if delay is None:
-            found.append(f"rank {rank} was never released from a wait that another rank had decided")
-        elif delay > bound:
-            found.append(f"rank {rank} was released {delay:.2f} s after the deciding event (bound {bound:g} s)")
-    return found
 
 
 def diagram_markdown() -> str:

@@ -11,6 +11,7 @@ simulator gives each rank its own :class:`~mpinb._collective.runtime.Runtime`.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -124,9 +125,15 @@ def _whereabouts_blind_to_stops(chan: Any, gen: Any, index: int, cell: int, ask:
         del board.stopped
 
 
+def _channel_on_the_process_clock(self: Any, *args: Any, **kwargs: Any) -> None:
+    # The seam bypassed: what a wait or an operation that read ``time.monotonic`` itself would do.
+    _ORIGINAL["channel"](self, *args, **kwargs)
+    self.monotonic = time.monotonic
+
+
 _ORIGINAL: dict[str, Callable[..., Any]] = {
     "arrival_header": _p.arrival_header, "late_arrival": _p.late_arrival, "departure": _p.departure,
-    "on_cell": _channels.Channel.on_cell, "whereabouts": _texts.whereabouts,
+    "on_cell": _channels.Channel.on_cell, "whereabouts": _texts.whereabouts, "channel": _channels.Channel.__init__,
 }
 
 #: name -> a function returning the context manager that seeds the bug.
@@ -149,4 +156,6 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         _channels.Channel, "end_cell_check", _old_end_cell_check),
     "a stopped rank unnamed in a timeout while ranks arrive": lambda: _patched(
         _texts, "whereabouts", _whereabouts_blind_to_stops),
+    "the waits timed by the process's clock, not the runtime's": lambda: _patched(
+        _channels.Channel, "__init__", _channel_on_the_process_clock),
 }

@@ -13,7 +13,7 @@ matched by MPI, a timeout that does not name a stopped rank); each time the virt
 the invariants of time (every call with a deadline ends by it plus :data:`SLACK`; a rank whose wait
 another rank decided -- by revoking the generation at or before its place, by ending its cell or
 dying before entering its operation -- leaves it within :data:`BOUND`); at the end of a run, the
-guarantees of :func:`mpinb._collective.protocol.invariant_violations`, the invariants of truth (an
+guarantees of :func:`oracle.invariant_violations`, the invariants of truth (an
 error names a rank that left, raised, was stopped or differed; a mismatch needs programs that
 differ; where the only fault came after the last collective, the other ranks' cells end without an
 error), the recovery of the next cell and requests left pending on a communicator. A run has a
@@ -46,6 +46,7 @@ from typing import Any
 
 import greenlet
 import numpy as np
+from oracle import CallOutcome, GiveUp, invariant_violations
 
 import mpinb
 from mpinb import _collective
@@ -414,13 +415,13 @@ class Rank:
 class Record:
     """What happened in one run, for the invariants."""
 
-    calls: list[_p.CallOutcome] = field(default_factory=list)
+    calls: list[CallOutcome] = field(default_factory=list)
     cell_errors: dict[tuple[int, int], bool] = field(default_factory=dict)
     cell_ended: dict[tuple[int, int], float] = field(default_factory=dict)
     ops_begun: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, cell) -> collectives called
     first_trouble: dict[int, float] = field(default_factory=dict)  # cell -> first raise/give-up/death
     abnormal: list[tuple[int, int, str, float, float]] = field(default_factory=list)  # rank, cell, op, in, out
-    gave_up: list[_p.GiveUp] = field(default_factory=list)
+    gave_up: list[GiveUp] = field(default_factory=list)
     rules: set[tuple[_p.Phase, str]] = field(default_factory=set)
     errors: dict[tuple[int, int], str] = field(default_factory=dict)
     raised: dict[tuple[int, int], BaseException] = field(default_factory=dict)  # (rank, cell) -> its cell's error
@@ -907,7 +908,7 @@ class Sim:
         try:
             result = mpinb.allreduce([value], comm=rank.chan.parent, timeout=step.timeout)[0]
         except BaseException as err:
-            self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, False, False, began, self.now))
+            self.rec.calls.append(CallOutcome(rank.r, cell, step.label, False, False, began, self.now))
             if isinstance(err, CollectiveTimeout):
                 self._check_named(rank, step.label, err)
             raise
@@ -918,7 +919,7 @@ class Sim:
                 self.rec.overrun = max(self.rec.overrun, self.now - began - step.timeout)
         self.rec.returned[rank.r, cell] = self.rec.returned.get((rank.r, cell), 0) + 1
         right = float(sum(value_of(step.label, q) for q in range(self.n)))
-        self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, True, bool(np.all(result == right)),
+        self.rec.calls.append(CallOutcome(rank.r, cell, step.label, True, bool(np.all(result == right)),
                                              began, self.now))
 
     def _check_named(self, rank: Rank, label: str, err: CollectiveTimeout) -> None:
@@ -969,13 +970,13 @@ class Sim:
             self.rec.abnormal.append((rank.r, cell, label, entered, self.now))
             if rule.event in ("deadline", "interrupt", "raise"):
                 self.rec.first_trouble.setdefault(cell, self.now)
-                self.rec.gave_up.append(_p.GiveUp(rank.r, cell, label, self.now))
+                self.rec.gave_up.append(GiveUp(rank.r, cell, label, self.now))
 
     # the guarantees, at the end of a run
     def _check_end(self) -> None:
         rec = self.rec
         dead = any(not r.alive for r in self.ranks)
-        problems = _p.invariant_violations(rec.calls, rec.cell_errors, {}, BOUND, rec.gave_up, _ops._AWAY)
+        problems = invariant_violations(rec.calls, rec.cell_errors, {}, BOUND, rec.gave_up, _ops._AWAY)
         # Released in time: an operation that did not complete ended within the bound of the first
         # trouble in its cell (a raise, a give-up, a death, or a rank that left the cell with fewer
         # collectives than another).

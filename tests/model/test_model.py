@@ -229,3 +229,12 @@ def test_a_schedule_past_its_budget_is_a_violation() -> None:
     assert replay(scenario, choices) is None
     with MUTANTS["a revocation not passed on down the tree"]():
         assert (replay(scenario, choices) or "").startswith("over budget: 4,000 steps")
+
+
+def test_the_waits_run_on_the_runtimes_clock() -> None:
+    """The seam: a channel whose waits read the process's clock instead of its runtime's runs
+    outside virtual time, and its deadline never passes there."""
+    scenario = build(2, "late past a deadline", "own hosts", 0)
+    assert replay(scenario, []) is None
+    with MUTANTS["the waits timed by the process's clock, not the runtime's"]():
+        assert "after its deadline" in (replay(scenario, []) or "")
