@@ -87,6 +87,10 @@ def affinity() -> frozenset[int]:
         return frozenset(range(os.cpu_count() or 1))
 
 
+# Windows has no sched_yield: a zero sleep gives up the rest of the time slice there.
+_sched_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
 class Runtime:
     """The process (or a simulated rank) the layer runs in. Every argument defaults to this process's own.
 
@@ -97,7 +101,7 @@ class Runtime:
 
     def __init__(self, *, mpi: Any = None, monotonic: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, time_ns: Callable[[], int] = time.time_ns,
-                 sleep: Callable[[float], None] = time.sleep, sched_yield: Callable[[], None] = os.sched_yield,
+                 sleep: Callable[[float], None] = time.sleep, sched_yield: Callable[[], None] = _sched_yield,
                  signals: Any = signal, kill: Callable[[int, int], None] = os.kill,
                  hostname: Callable[[], str] = socket.gethostname, affinity: Callable[[], frozenset[int]] = affinity,
                  cell: Callable[[], cells.Cell] = cells.current, interrupts: InterruptSource | None = None,
