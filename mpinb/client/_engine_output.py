@@ -27,6 +27,7 @@ from ipyparallel.cluster.launcher import MPIEngineSetLauncher
 __all__ = ["EngineOutput", "RelayedMPIEngineSetLauncher", "disk_usage", "fatal_signals_to_launcher", "grab_fd"]
 
 _READ = 1 << 16  # bytes per read of the pipe
+_PIPE = 1 << 20  # bytes the pipe holds
 _PENDING = 8 << 20  # bytes read but not yet written beyond which new output is dropped (a stalled disk)
 _RECENT = 256 << 10  # bytes of the latest output kept in memory (the nannies' and mpiexec's death reports)
 _WORDS = 6  # a rank's last lines of its own stderr kept (before a fatal signal's stack dump)
@@ -77,6 +78,12 @@ class EngineOutput:
     def __init__(self, path: str) -> None:
         self.path = path
         self._read_end, self.write_end = os.pipe()
+        try:  # room for a burst while this process is busy elsewhere (Linux: up to 1 MiB unprivileged)
+            import fcntl
+
+            fcntl.fcntl(self.write_end, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE)
+        except (ImportError, OSError):
+            pass
         self._lock = threading.Condition()
         self._pending = bytearray()
         self._recent: deque[bytes] = deque()

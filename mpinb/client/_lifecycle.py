@@ -10,6 +10,7 @@ is left running, and only its engines are replaced on restart.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import tempfile
@@ -121,8 +122,11 @@ class Owned:
             local = mc._local_engine_pids
             self.leftovers |= shared_memory_of(local) | launcher_files_of(local)
             self.watchdog.remove_on_death(self.leftovers)
-        except BaseException:
+        except BaseException as err:
+            profile = str(mc.cluster.profile_dir) if mc.cluster is not None else None
             mc.stop()
+            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise _disk_full(err, profile) from err
             raise
 
     def stop(self, mc: ClusterHandle) -> None:
@@ -312,6 +316,17 @@ def _cluster_files(cluster: Any) -> set[str]:
         with contextlib.suppress(OSError):
             os.chmod(os.path.join(profile, folder), 0o700)
     return found
+
+
+def _disk_full(err: OSError, profile: str | None) -> OSError:
+    """The error of a start that a full disk stopped: where, and how full (an ``OSError`` of the
+    same errno; ipyparallel's says neither)."""
+    from mpinb.client._engine_output import disk_usage
+
+    where = err.filename or profile or "the cluster's profile folder"
+    return OSError(err.errno, f"MPICluster could not write the cluster's files in {where}: {err.strerror} "
+                              f"({disk_usage(os.path.join(where, 'x'))}); free space there, or give IPYTHONDIR "
+                              "(or MPICluster(profile_dir=...)) a roomier place.")
 
 
 def _launcher_pids(cluster: Any) -> list[int]:

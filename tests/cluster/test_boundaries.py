@@ -22,8 +22,9 @@ import mpinb
 CHECK = (b"2026-12-07 13:00:00.1 F tensorflow/core/framework/tensor.cc:896] Check failed: "
          b"dtype() == expected_dtype (1 vs. 3)")
 _SAID = CHECK + b"\n"
+# The last rank writes a native library's last words and aborts; the others wait in a cell.
 ABORT = ("import os, time, mpinb\nrank = mpinb.world().rank\n"
-         f"if rank == 2:\n    os.write(2, {_SAID!r})\n    os.abort()\ntime.sleep(30)\n")
+         f"if rank == mpinb.world().size - 1:\n    os.write(2, {_SAID!r})\n    os.abort()\ntime.sleep(30)\n")
 
 
 @pytest.fixture
@@ -46,28 +47,33 @@ def _cell(ip: Any, code: str) -> tuple[Any, str]:
     return result, said.getvalue()
 
 
-def _names_the_abort(text: str, pid: int) -> None:
-    assert re.search(rf"^(mpinb: )?rank 2 \(engine \d+, pid {pid}\) died \(SIGABRT\); MPI ended the other ranks",
-                     text, re.M), text
-    assert "Rank 2's last lines on stderr:\n    " + CHECK.decode() in text, text
+def _names_the_abort(text: str, rank: int, pid: int) -> None:
+    assert re.search(rf"^(mpinb: )?rank {rank} \(engine \d+, pid {pid}\) died \(SIGABRT\); MPI ended the other "
+                     "ranks", text, re.M), text
+    assert f"Rank {rank}'s last lines on stderr:\n    " + CHECK.decode() in text, text
     assert "    Fatal Python error: Aborted (at line 5 of its cell)" in text, text
-    assert not re.search(r"rank [01] \(engine", text), text  # the rank that aborted, not one MPI ended
+    others = "|".join(str(r) for r in range(rank))
+    assert not re.search(rf"rank ({others}) \(engine", text), text  # the rank that aborted, not one MPI ended
 
 
-def test_a_native_abort_is_named_with_its_signal_and_last_words(shell: Any) -> None:
-    with mpinb.MPICluster(n=3) as cluster:
-        pid = cluster._engine_pids[2]
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_native_abort_is_named_with_its_signal_and_last_words(shell: Any, n: int) -> None:
+    last = n - 1
+    with mpinb.MPICluster(n=n) as cluster:
+        pid = cluster._engine_pids[last]
         result, _ = _cell(shell, "%%px\n" + ABORT)
         err = result.error_in_exec
         assert isinstance(err, CompositeError), repr(err)
-        _names_the_abort("\n".join(err.render_traceback()), pid)
-        _names_the_abort(cluster.deaths() or "", pid)
+        _names_the_abort("\n".join(err.render_traceback()), last, pid)
+        _names_the_abort(cluster.deaths() or "", last, pid)
+        if n == 2:
+            return
         # view.execute says the same, on fresh engines.
         cluster.restart()
-        pid = cluster._engine_pids[2]
+        pid = cluster._engine_pids[last]
         with pytest.raises(CompositeError) as info:
             cluster.view.execute(ABORT, block=True)
-        _names_the_abort("\n".join(info.value.render_traceback()), pid)
+        _names_the_abort("\n".join(info.value.render_traceback()), last, pid)
 
 
 def test_ranks_beyond_the_cores_and_which_cluster_px_runs_on(shell: Any, monkeypatch, capsys) -> None:
@@ -160,3 +166,8 @@ def test_output_a_full_disk_cannot_keep_is_dropped_and_said(shell: Any, full_dis
         result, _ = _cell(shell, "%%px\nimport os\nos.write(2, b'after\\n')\nagain = True")
         assert result.error_in_exec is None, result.error_in_exec
         assert cluster.pull("again") == [True, True]
+    # A disk full before the start: the error says where and how full (ipyparallel's said neither).
+    _fill(full_disk)
+    with pytest.raises(OSError, match=rf"MPICluster could not write the cluster's files in {re.escape(full_disk)}/"
+                                      r"profile.*: No space left on device \(the filesystem at .* is 100% full"):
+        mpinb.MPICluster(n=2, profile_dir=os.path.join(full_disk, "profile"))

@@ -5,7 +5,8 @@ raises ``InvalidArgumentError`` in rank 1's train step, between two gradient exc
 ranks waited in the next exchange for ever (a script has no cell end to release them). Rank 1 now
 revokes that place as its error leaves ``mpinb.keras.fit`` (:func:`mpinb._collective.collective_call`),
 the others raise ``CollectiveAbandoned`` naming rank 1 and its error, and the next collective works.
-At 1, 2 and 3 ranks (at 1 rank the error is the rank's own, and nothing else happens).
+The same holds for the estimators' ``fit`` (here ``KMeans.fit``). At 1, 2 and 3 ranks (at 1 rank the
+error is the rank's own, and nothing else happens).
 """
 
 from __future__ import annotations
@@ -108,3 +109,29 @@ def test_an_error_every_rank_raises_together_revokes_nothing():
     next_collective_works()
     after = chan.gens[chan.active].number if chan.gens else 0
     assert_everywhere(after == before, f"the generation after an error of every rank ({before} -> {after})")
+
+
+def test_an_error_inside_kmeans_fit_on_one_rank_makes_every_rank_raise_naming_it(monkeypatch):
+    from mpinb.kmeans import _lloyd
+
+    assign, calls = _lloyd.assign, []
+
+    def third_assignment_fails(*args, **kwargs):
+        calls.append(1)
+        if RANK == BAD and len(calls) == 3:  # between two of Lloyd's reductions
+            raise MemoryError("no room for the distances")
+        return assign(*args, **kwargs)
+
+    monkeypatch.setattr(_lloyd, "assign", third_assignment_fails)
+    X = np.random.default_rng(RANK).normal(size=(400, 4))
+    with pytest.raises(Exception) as caught:
+        mpinb.KMeans(4, n_init=1, random_state=0, max_iter=20, tol=0).fit(X)
+    err = caught.value
+    if RANK == BAD:
+        ok = isinstance(err, MemoryError)
+    else:
+        ok = (isinstance(err, CollectiveAbandoned) and err.by == BAD
+              and f"rank {BAD} raised MemoryError: no room for the distances in KMeans.fit" in str(err))
+    assert_everywhere(ok, f"the error of each rank ({type(err).__name__}: {err})")
+    monkeypatch.undo()
+    next_collective_works()
