@@ -62,3 +62,33 @@ def test_the_check_finds_each_way_in() -> None:
 
 def test_the_runtime_is_the_one_place_that_reads_them() -> None:
     assert reads_outside_the_runtime(SEAM.read_text())  # the test above would pass on an empty layer
+
+
+def test_a_held_back_ctrl_c_is_timed_by_its_own_clock() -> None:
+    """Each runtime's Ctrl-C is its own, on its own clock: the protocol model gives every simulated
+    rank one on virtual time, so the wait's grace after a held-back Ctrl-C runs in virtual time."""
+    from mpinb.interrupt import Interrupts
+
+    now = [100.0]
+    held = Interrupts(lambda: now[0])
+    assert held.pending_since() is None
+    error = RuntimeError("rank 1 gave up")
+    assert held.instead_if_pending(error) is error
+    held.note()
+    now[0] = 103.0
+    held.note()  # a second signal keeps the first one's time
+    assert held.pending_since() == 100.0
+    instead = held.instead_if_pending(error)
+    assert isinstance(instead, KeyboardInterrupt) and str(instead) == "rank 1 gave up"
+    assert held.pending_since() is None  # taken in
+
+
+def test_a_stop_flag_holds_ctrl_c_back_in_this_process() -> None:
+    import signal
+
+    from mpinb.interrupt import PENDING, StopFlag
+
+    with StopFlag() as flag:
+        signal.raise_signal(signal.SIGINT)
+        assert flag.requested and PENDING.pending_since() is not None
+    assert PENDING.pending_since() is None  # leaving the flag forgets it
