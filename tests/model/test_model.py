@@ -238,3 +238,30 @@ def test_the_waits_run_on_the_runtimes_clock() -> None:
     assert replay(scenario, []) is None
     with MUTANTS["the waits timed by the process's clock, not the runtime's"]():
         assert "after its deadline" in (replay(scenario, []) or "")
+
+
+def test_the_simulator_patches_nothing_of_the_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seam: in the middle of a run, every module of the layer holds what it held before (the
+    simulated ranks reach it through their runtimes), but for the channels registered by handle."""
+    import sys
+
+    import protocol_sim
+
+    def snapshot() -> dict[str, dict[str, int]]:
+        return {name: {key: id(value) for key, value in vars(module).items()} for name, module in sys.modules.items()
+                if name.startswith("mpinb._collective") or name == "mpinb.interrupt"}
+
+    before, during = snapshot(), []
+    observe = protocol_sim.Sim.observe
+
+    def watching(self: protocol_sim.Sim, *args: object) -> None:
+        if not during:
+            during.append(snapshot())
+        observe(self, *args)
+
+    monkeypatch.setattr(protocol_sim.Sim, "observe", watching)
+    assert run_schedule(build(3, "raise inside", "own hosts", 0), Chooser([]))[1] is None
+    assert during, "no step was observed"
+    changed = {name: sorted(key for key in attrs if during[0][name].get(key) != attrs[key])
+               for name, attrs in before.items()}
+    assert not {name: keys for name, keys in changed.items() if keys}
