@@ -158,4 +158,6 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         _texts, "whereabouts", _whereabouts_blind_to_stops),
     "the waits timed by the process's clock, not the runtime's": lambda: _patched(
         _channels.Channel, "__init__", _channel_on_the_process_clock),
+    "a Ctrl-C held back by a stop flag never ending the wait": lambda: _patched(
+        _wait, "INTERRUPT_GRACE", float("inf")),
 }

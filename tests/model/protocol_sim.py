@@ -57,7 +57,7 @@ from mpinb._collective import ops as _ops
 from mpinb._collective import protocol as _p
 from mpinb._collective.runtime import Pace, Runtime
 from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
-from mpinb.interrupt import Interrupts
+from mpinb.interrupt import INTERRUPT_GRACE, Interrupts
 
 TICK = 0.01  # virtual seconds a rank that yields the core waits before it runs again unasked
 IDLE_TICK = 0.05  # an engine idle between cells looks at its notices this often (as ``_IDLE_NOTICES``)
@@ -375,6 +375,10 @@ class Scenario:
     raises: list[tuple[int, int]] = field(default_factory=list)
     deaths: list[tuple[int, int]] = field(default_factory=list)
     freezes: dict[tuple[int, int], float] = field(default_factory=dict)
+    # Ctrl-C that a StopFlag holds back for its loop's vote reaches the rank while it waits in a
+    # collective (its runtime's Interrupts, on the virtual clock): the wait ends it after
+    # mpinb.interrupt.INTERRUPT_GRACE if the collective has not completed by then.
+    held: list[tuple[int, int]] = field(default_factory=list)
     script: bool = False  # a batch script: no cells (cell 0), and it catches each collective's error
     # Each cell's steps are one mpinb call (mpinb._collective.collective_call, as mpinb.keras.fit):
     # an error inside it ends the call (in a script, caught after it).
@@ -453,6 +457,8 @@ class Sim:
         self.raises_left = {(c + 1, r) for c, r in scenario.raises}
         self.deaths_left = {(c + 1, r) for c, r in scenario.deaths}
         self.freezes_left = {(c + 1, r): t for (c, r), t in scenario.freezes.items()}
+        self.held_left = {(c + 1, r) for c, r in scenario.held}
+        self.holds: list[tuple[int, int, str, float]] = []  # rank, cell, call, when a Ctrl-C was held back
         self.ops_in: dict[int, tuple[int, str, float]] = {}  # rank -> (cell, label, entered) of its call
         self.ready_reqs: list[tuple[str, int, int, Req]] = []  # matched, not yet complete for that rank
         self.stopping = False
@@ -582,7 +588,7 @@ class Sim:
             if state == WAITING and rank.r in self.ops_in:
                 place = (rank.cell.id, rank.r)
                 for kind, left in (("raise", self.raises_left), ("kill", self.deaths_left),
-                                   ("freeze", self.freezes_left)):
+                                   ("freeze", self.freezes_left), ("hold", self.held_left)):
                     if place in left:
                         out.append((kind, rank.r))
         late: list[tuple] = []
@@ -623,6 +629,15 @@ class Sim:
             self.rec.first_trouble.setdefault(rank.cell.id, self.now)
             self.fault(rank, "interrupt")
             self._run(rank)
+        elif kind == "hold":
+            rank = self.ranks[choice[1]]
+            self.note(f"Ctrl-C reaches rank {rank.r}, held back by a stop flag")
+            self.held_left.discard((rank.cell.id, rank.r))
+            rank.runtime.interrupts.note()
+            cell, label, _ = self.ops_in[rank.r]
+            self.holds.append((rank.r, cell, label, self.now))
+            self.fault(rank, "interrupt")
+            rank.dirty = True
         elif kind == "raise":
             rank = self.ranks[choice[1]]
             self.note(f"an exception is raised inside rank {rank.r}'s wait")
@@ -977,6 +992,13 @@ class Sim:
         rec = self.rec
         dead = any(not r.alive for r in self.ranks)
         problems = invariant_violations(rec.calls, rec.cell_errors, {}, BOUND, rec.gave_up, _ops._AWAY)
+        # A Ctrl-C held back by a stop flag ends the wait it came in within the grace (the rank
+        # stops, rather than keep waiting for a rank stuck elsewhere), unless the call ended first.
+        for r, cell, label, at in self.holds:
+            ended = max((c.ended for c in rec.calls if (c.rank, c.cell, c.label) == (r, cell, label)), default=None)
+            if ended is not None and ended - at > INTERRUPT_GRACE + BOUND:
+                problems.append(f"rank {r}'s {label} (cell {cell}) ended {ended - at:.2f} s after a Ctrl-C held back "
+                                f"by a stop flag (grace {INTERRUPT_GRACE:g} s, bound {BOUND:g} s)")
         # Released in time: an operation that did not complete ended within the bound of the first
         # trouble in its cell (a raise, a give-up, a death, or a rank that left the cell with fewer
         # collectives than another).

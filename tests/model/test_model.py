@@ -265,3 +265,19 @@ def test_the_simulator_patches_nothing_of_the_layer(monkeypatch: pytest.MonkeyPa
     changed = {name: sorted(key for key in attrs if during[0][name].get(key) != attrs[key])
                for name, attrs in before.items()}
     assert not {name: keys for name, keys in changed.items() if keys}
+
+
+def test_a_ctrl_c_held_back_by_a_stop_flag_ends_the_wait_after_the_grace_in_virtual_time() -> None:
+    """The seam lets the model reach the interrupt grace of ``wait.poll``: rank 0's stop flag holds
+    Ctrl-C back while it waits for rank 2, which computes for 7 s; its own runtime's Interrupts, on
+    the virtual clock, end the wait 5 s later, and the others raise with it."""
+    import random
+
+    scenario = build(3, "Ctrl-C held by a stop flag, a rank computing", "one host", 1)
+    log: list[str] = []
+    record, violation, _ = run_schedule(scenario, Chooser(rng=random.Random(100_000)), log)
+    assert violation is None, violation
+    assert record.errors[0, 1].startswith("KeyboardInterrupt: interrupted on rank 0"), record.errors
+    held = next(float(line.split()[0]) for line in log if "held back by a stop flag" in line)
+    ended = next(float(line.split()[0]) for line in log if "rank 0: cell 1 ends" in line)
+    assert 5.0 <= ended - held <= 5.1
