@@ -429,6 +429,8 @@ class Channel:
         if self.size == 1 or not self.ready or self.closed or not cell.id or not ledger.needs_check(cell.id):
             return
         layout = _CellRecord(ledger.layout(), ledger.describe())
+        last = self.gens[self.active]
+        here = (last.number, last.index)  # the place of this rank's last collective
         try:
             with self.begin(_p.CELL_END, layout, what="the collectives of this cell"):
                 pass
@@ -447,8 +449,11 @@ class Channel:
             if err.by is not None and self.board is not None and self.hosts[err.by] == self.host \
                     and not self.board.alive(err.by):
                 raise  # it died: that is all this rank knows, and what it says
-            if same and note is not None and note.get("ended") == (cell.id, note["gen"], note["index"] - 1):
-                return  # it ended its cell (an error: no comparison) after the same collectives
+            ended = None if note is None else note.get("ended")
+            if same and ended is not None and ended[0] == cell.id and tuple(ended[1:]) >= here:
+                # It ended its cell at this rank's last place (after an error: no comparison) or
+                # later (after its comparison was given up): it skipped none of these collectives.
+                return
             record = None if err.by is None else self.cell_record(err.by)
             raise texts.cell_divergence_error(self.rank, err.by, record, ledger) from None
 
