@@ -9,12 +9,14 @@ the loop when the *reduced* flag is set, then raises ``KeyboardInterrupt`` toget
 from __future__ import annotations
 
 import os
-import signal
 import threading
-import time
+from collections.abc import Callable
 from types import FrameType, TracebackType
+from typing import Any
 
-__all__ = ["INTERRUPT_GRACE", "StopFlag"]
+from mpinb._collective.runtime import PROCESS
+
+__all__ = ["INTERRUPT_GRACE", "Interrupts", "StopFlag"]
 
 #: Seconds a SIGINT may stay pending in a StopFlag while its rank waits in one mpinb collective
 #: before the wait ends as a plain Ctrl-C would. Long enough that ranks which are merely slow (4
@@ -22,13 +24,59 @@ __all__ = ["INTERRUPT_GRACE", "StopFlag"]
 #: enough that a rank stuck elsewhere never keeps the others waiting for long.
 INTERRUPT_GRACE = 5.0
 
-# When SIGINT arrived inside a StopFlag and no collective vote has taken it in yet (monotonic
-# seconds), for the collective layer's waits: see pending_since().
-_pending_at: float | None = None
-# The read end of the pipe Python's C-level signal handler writes to while a StopFlag is active:
-# a wait on another thread learns of SIGINT through it even while the main thread is inside C code
-# (TensorFlow's) and so cannot run Python's handler yet.
-_wakeup_read: int | None = None
+
+class Interrupts:
+    """The Ctrl-C a :class:`StopFlag` holds back in one process (in the protocol model, one simulated
+    rank), for the collective layer's waits: its :class:`~mpinb._collective.runtime.Runtime` holds
+    it. Local; callable from any thread."""
+
+    __slots__ = ("clock", "signals", "pending_at", "wakeup")
+
+    def __init__(self, clock: Callable[[], float], signals: Any = None) -> None:
+        self.clock, self.signals = clock, signals
+        # When SIGINT arrived inside a StopFlag and no collective vote has taken it in yet (seconds
+        # of ``clock``).
+        self.pending_at: float | None = None
+        # The read end of the pipe Python's C-level signal handler writes to while a StopFlag is
+        # active: a wait on another thread learns of SIGINT through it even while the main thread
+        # is inside C code (TensorFlow's) and so cannot run Python's handler yet.
+        self.wakeup: int | None = None
+
+    def note(self) -> None:
+        """SIGINT arrived (inside a StopFlag): pending from now, unless it already was."""
+        if self.pending_at is None:
+            self.pending_at = self.clock()
+
+    def pending_since(self) -> float | None:
+        """When SIGINT arrived inside a :class:`StopFlag` that no vote has taken in yet, else ``None``."""
+        fd = self.wakeup
+        if fd is not None and self.pending_at is None:
+            try:
+                data = os.read(fd, 64)
+            except (BlockingIOError, OSError):
+                data = b""
+            if self.signals.SIGINT in data:
+                self.pending_at = self.clock()
+        return self.pending_at
+
+    def instead_if_pending(self, error: BaseException) -> BaseException:
+        """``KeyboardInterrupt`` with ``error``'s text when SIGINT is pending here (taken in), else ``error``.
+
+        A rank that was interrupted too (``cluster.interrupt()``, the Stop button) stops as
+        interrupted, whichever rank's wait gave up first.
+        """
+        if self.pending_since() is None:
+            return error
+        self.consume()
+        return KeyboardInterrupt(str(error))
+
+    def consume(self) -> None:
+        """Forget a pending SIGINT: a vote or an ended wait has taken it in."""
+        self.pending_at = None
+
+
+#: This process's.
+PENDING = Interrupts(PROCESS.monotonic, PROCESS.signals)
 
 
 class StopFlag:
@@ -49,6 +97,8 @@ class StopFlag:
     """
 
     def __init__(self) -> None:
+        self._interrupts = PENDING
+        self._signals = PENDING.signals
         self._set = False
         self._previous: object = None
         self._installed = False
@@ -75,8 +125,8 @@ class StopFlag:
     def __enter__(self) -> StopFlag:
         self._depth += 1
         if self._depth == 1 and threading.current_thread() is threading.main_thread():
-            self._previous = signal.getsignal(signal.SIGINT)
-            signal.signal(signal.SIGINT, self._handle)
+            self._previous = self._signals.getsignal(self._signals.SIGINT)
+            self._signals.signal(self._signals.SIGINT, self._handle)
             self._installed = True
             self._open_wakeup()
         return self
@@ -86,72 +136,36 @@ class StopFlag:
     ) -> None:
         self._depth -= 1
         if self._depth == 0 and self._installed:
-            signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+            self._signals.signal(self._signals.SIGINT, self._previous)
             self._installed = False
             self._close_wakeup()
-            consume()
+            self._interrupts.consume()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        global _pending_at
         if self._set:
             raise KeyboardInterrupt("second Ctrl-C: stopping this rank at once")
         self._set = True
-        if _pending_at is None:
-            _pending_at = time.monotonic()
+        self._interrupts.note()
 
     def _open_wakeup(self) -> None:
-        global _wakeup_read
         read, write = os.pipe()
         os.set_blocking(read, False)
         os.set_blocking(write, False)
         try:
-            self._old_wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+            self._old_wakeup = self._signals.set_wakeup_fd(write, warn_on_full_buffer=False)
         except (ValueError, OSError):
             os.close(read)
             os.close(write)
             return
         self._pipe: tuple[int, int] | None = (read, write)
-        _wakeup_read = read
+        self._interrupts.wakeup = read
 
     def _close_wakeup(self) -> None:
-        global _wakeup_read
         pipe = getattr(self, "_pipe", None)
         if pipe is None:
             return
-        signal.set_wakeup_fd(self._old_wakeup)
-        _wakeup_read, self._pipe = None, None
+        self._signals.set_wakeup_fd(self._old_wakeup)
+        self._interrupts.wakeup, self._pipe = None, None
         for fd in pipe:
             os.close(fd)
 
-
-def pending_since() -> float | None:
-    """When SIGINT arrived inside a :class:`StopFlag` that no vote has taken in yet (monotonic
-    seconds), else ``None``. Local; callable from any thread."""
-    global _pending_at
-    fd = _wakeup_read
-    if fd is not None and _pending_at is None:
-        try:
-            data = os.read(fd, 64)
-        except (BlockingIOError, OSError):
-            data = b""
-        if signal.SIGINT in data:
-            _pending_at = time.monotonic()
-    return _pending_at
-
-
-def instead_if_pending(error: BaseException) -> BaseException:
-    """``KeyboardInterrupt`` with ``error``'s text when SIGINT is pending here (taken in), else ``error``.
-
-    Local. A rank that was interrupted too (``cluster.interrupt()``, the Stop button) stops as
-    interrupted, whichever rank's wait gave up first.
-    """
-    if pending_since() is None:
-        return error
-    consume()
-    return KeyboardInterrupt(str(error))
-
-
-def consume() -> None:
-    """Forget a pending SIGINT: a vote or an ended wait has taken it in. Local."""
-    global _pending_at
-    _pending_at = None

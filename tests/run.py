@@ -6,8 +6,9 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
 
 - ``unit``       one process, ``pytest tests/unit``;
 - ``model``      the collective protocol's model: the real layer over simulated ranks, MPI and clock,
-                 driven through every ordering (exhaustive at 2-3 ranks, seeded walks at 4-16) with
-                 faults injected, and seeded protocol bugs it must catch; ends with one line
+                 driven through many orderings (at 2-3 ranks every combination of the first 6-7
+                 choices, at 4-16 seeded random walks) with faults injected, and seeded protocol
+                 bugs it must catch; ends with one line
                  ``model: N schedules, 0 violations, M of M mutants caught`` (100,000 schedules
                  alone, 12,000 in a whole-suite run);
 - ``mpi``        ``mpiexec -n N python -m mpi4py -m pytest tests/mpi`` for N in 1, 2, 3, 4, each under a

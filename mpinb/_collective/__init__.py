@@ -6,7 +6,9 @@ from the same cell, at the same place in the sequence; its data then move with n
 Every wait polls (:mod:`.wait`): the deadline, Ctrl-C, notices from other ranks, and whether a rank
 it waits for has ended the cell (:mod:`.cells`, :mod:`.board`). A rank that gives up revokes the
 channel's generation; the others learn of it, and every rank moves to a fresh communicator, so the
-next cell works and engine state survives. The error texts live in :mod:`.texts`.
+next cell works and engine state survives. The error texts live in :mod:`.texts`. MPI, the clocks,
+sleeping, signals, the running cell and a held-back Ctrl-C come from one object a channel is given,
+its :class:`~mpinb._collective.runtime.Runtime` (this process's, unless the protocol model's).
 
 Nothing here imports ``mpi4py.MPI`` until a channel is made, so ``import mpinb`` never starts MPI.
 """
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from mpinb._collective.fused import plan
+from mpinb._collective.runtime import PROCESS, Runtime
 from mpinb._roles import refuse_client
 from mpinb._words import on_ranks
 from mpinb.deadline import DEFAULT
@@ -45,9 +48,7 @@ def channel(comm: Any = None) -> Channel:
         global _world
         refuse_client()
         if _world is None:
-            from mpi4py import MPI
-
-            _world = _lookup(MPI.COMM_WORLD)
+            _world = _lookup(PROCESS.mpi.COMM_WORLD)
         return _world
     return _lookup(comm)
 
@@ -89,10 +90,11 @@ def allreduce(arrays: Sequence[np.ndarray], op: str = "sum", *, out: Sequence[np
               comm: Any = None, name: str, timeout: Any = DEFAULT, what: str | None = None) -> list[Any]:
     """The fused reduction of ``arrays`` (see :mod:`.fused`): one message per dtype, the arrival
     checking every rank passed the same shapes, dtypes and ``op``; results in ``out`` if given."""
-    fused = plan(arrays, op)
+    chan = channel(comm)
+    fused = plan(arrays, op, chan.plans)
     if out is not None:
         out = fused.check_out(out, arrays)
-    with collective(comm, name, fused, timeout=timeout, what=what or f"{name}'s shapes, dtypes and op") as call:
+    with chan.begin(name, fused, timeout=timeout, what=what or f"{name}'s shapes, dtypes and op") as call:
         return fused.run(arrays, call, out)
 
 
@@ -203,17 +205,18 @@ def common_exception(module: str, qualname: str, message: str, *, comm: Any = No
         return agreed(call, module, qualname, message)
 
 
-def cell_end_check(value: Any = None) -> Any:
+def cell_end_check(value: Any = None, *, runtime: Runtime = PROCESS) -> Any:
     """Compare the collectives of the cell that is ending with every other rank's, on each
     communicator this rank used in it (collective); returns ``value``. The last statement of every
     cell on an engine calls it (:mod:`.cells`), so a rank that skipped or added a collective fails
-    its cell, and so does every other rank, instead of keeping a value paired with another call."""
-    from mpinb._collective import cells
-
-    cell = cells.current()
+    its cell, and so does every other rank, instead of keeping a value paired with another call.
+    ``runtime``: the process whose channels compare (the protocol model's simulated ranks share
+    one Python process)."""
+    cell = runtime.cell()
     if cell.id:
         for chan in list(_channels.values()):
-            chan.end_cell_check(cell)
+            if chan.runtime is runtime:
+                chan.end_cell_check(cell)
     return value
 
 
@@ -315,7 +318,7 @@ def _lookup(comm: Any) -> Channel:
     chan = _channels.get(handle)
     if chan is None:
         global _keyval
-        from mpi4py import MPI
+        MPI = PROCESS.mpi  # noqa: N806 - mpi4py's name
 
         from mpinb._collective import cells
         from mpinb._collective.channels import Channel
@@ -340,9 +343,7 @@ def _on_cell(event: str, cell: Any, error: BaseException | None) -> None:
 
 
 def _on_idle() -> None:
-    from mpi4py import MPI
-
-    if not MPI.Is_finalized():
+    if not PROCESS.mpi.Is_finalized():
         for chan in list(_channels.values()):
             if not chan.closed:
                 chan.notices()
@@ -356,9 +357,7 @@ def _on_comm_free(comm: Any, keyval: Any, handle: int) -> None:
 
 def _close_all() -> None:
     # Before mpi4py finalizes MPI (it does so after the atexit handlers).
-    from mpi4py import MPI
-
-    if MPI.Is_finalized():
+    if PROCESS.mpi.Is_finalized():
         return
     global _world
     for chan in list(_channels.values()):

@@ -25,16 +25,16 @@ import fcntl
 import mmap
 import os
 import re
-import signal
 import tempfile
 import threading
-import time
 import uuid
 from stat import S_ISREG
+from typing import Any
 
 import numpy as np
 
 from mpinb import _frames
+from mpinb._collective.runtime import PROCESS, Runtime
 
 __all__ = ["Board", "CellRecord", "Row"]
 
@@ -61,11 +61,14 @@ from mpinb._collective.protocol import (  # noqa: E402 - after the layout consta
     MOVING,
     SWITCHING,
     TIMED_OUT,
+    Outcome,
+    Phase,
 )
 
-_PHASES = {ARRIVING: "waiting for the others to arrive", MOVING: "moving data",
-           SWITCHING: "moving to a fresh communicator"}
-_OUTCOMES = {DONE: "left", FAILED: "raised", TIMED_OUT: "timed out", ABANDONED: "gave up"}
+# What a row's words say, by the code the board stores (:attr:`Phase.code`, :attr:`Outcome.code`).
+_PHASES = {ARRIVING.code: "waiting for the others to arrive", MOVING.code: "moving data",
+           SWITCHING.code: "moving to a fresh communicator"}
+_OUTCOMES = {DONE.code: "left", FAILED.code: "raised", TIMED_OUT.code: "timed out", ABANDONED.code: "gave up"}
 
 
 class Row:
@@ -83,11 +86,11 @@ class Row:
     def inside(self) -> bool:
         return self.index > 0 and self.left_ns == 0
 
-    def describe(self, now_ns: int | None = None) -> str:
-        """``allreduce #3 (generation 1), entered 2.0 s ago and still inside it, moving data``."""
+    def describe(self, now_ns: int) -> str:
+        """``allreduce #3 (generation 1), entered 2.0 s ago and still inside it, moving data``, at
+        ``now_ns`` (the wall clock's nanoseconds)."""
         if self.index == 0 and self.gen == 0:
             return "no mpinb collective on this communicator yet"
-        now_ns = time.time_ns() if now_ns is None else now_ns
         what = f"{self.name} #{self.index}" + (f" (generation {self.gen})" if self.gen else "")
         entered = (now_ns - self.entered_ns) / 1e9
         if self.inside:
@@ -117,9 +120,11 @@ class CellRecord:
 
 class Board:
     """This rank's row, writable, and the rows of the other ranks on this host, read-only; plus the
-    words the host shares, in the file of its lowest rank (the leader), writable by all."""
+    words the host shares, in the file of its lowest rank (the leader), writable by all. Its clocks
+    and signals are ``runtime``'s (:mod:`.runtime`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, runtime: Runtime = PROCESS) -> None:
+        self.runtime, self._time_ns = runtime, runtime.time_ns
         folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
         fd, self.path = _create_private(folder, "mpinb-board-")
         try:
@@ -132,7 +137,7 @@ class Board:
         self.mine[_PID] = os.getpid()
         self.mine[_MAIN_THREAD] = threading.main_thread().ident or 0
         self.mine[_STARTED] = _started(os.getpid())
-        self._where = _own_where_file(folder)
+        self._where = _own_where_file(folder, runtime)
         if self._where is not None:
             self.mine[_WHERE_NAME] = memoryview(_where_token(self._where)).cast("q")
         self.peers: dict[int, np.ndarray] = {}
@@ -198,11 +203,12 @@ class Board:
                 continue  # gone, or its PID now names another process: never signal that one
             pending[rank] = (fd, pid, int(words[_MAIN_THREAD]))
         found: dict[int, str] = {}
-        signum = _WHERE_SIGNAL
+        runtime = self.runtime
+        monotonic, signum = runtime.monotonic, _where_signal(runtime)
         if not pending or signum is None or not _asking.acquire(timeout=timeout):
             return found
         asked: dict[int, float] = {}  # rank -> when it was last signalled
-        give_up = time.monotonic() + timeout
+        give_up = monotonic() + timeout
         try:
             while True:  # read first: a rank that slept past the deadline still reads what came
                 for rank, (fd, pid, main) in list(pending.items()):
@@ -215,22 +221,22 @@ class Board:
                             continue
                     elif not _try_lock(fd):
                         continue  # another rank on this host is asking it: ours comes after
-                    if time.monotonic() - asked.get(rank, -_ASK_AGAIN) >= _ASK_AGAIN:
+                    if monotonic() - asked.get(rank, -_ASK_AGAIN) >= _ASK_AGAIN:
                         # Asked again when silent: a signal that comes while the handler still
                         # writes an earlier answer (on another thread) is dropped by faulthandler.
                         # The file is emptied only the first time, so a slow answer is never cut.
                         try:
                             if rank not in asked:
                                 os.ftruncate(fd, 0)
-                            os.kill(pid, signum)
+                            runtime.kill(pid, signum)
                         except OSError:
                             del pending[rank]
                             fcntl.flock(fd, fcntl.LOCK_UN)
                             continue
-                        asked[rank] = time.monotonic()
-                if not pending or time.monotonic() >= give_up:
+                        asked[rank] = monotonic()
+                if not pending or monotonic() >= give_up:
                     break
-                time.sleep(0.005)
+                runtime.sleep(0.005)
         finally:
             for rank in pending:
                 if rank in asked:
@@ -238,22 +244,22 @@ class Board:
             _asking.release()
         return found
 
-    def enter(self, gen: int, index: int, name: str, phase: int) -> None:
+    def enter(self, gen: int, index: int, name: str, phase: Phase) -> None:
         mine = self.mine
         if self._last_name != name:
             mine[_NAME] = self._encode(name)
             self._last_name = name
         mine[_GEN], mine[_INDEX] = gen, index
-        mine[_ENTERED], mine[_LEFT] = time.time_ns(), 0
-        mine[_PHASE], mine[_OUTCOME] = phase, 0
+        mine[_ENTERED], mine[_LEFT] = self._time_ns(), 0
+        mine[_PHASE], mine[_OUTCOME] = phase.code, 0
 
-    def phase(self, phase: int) -> None:
-        self.mine[_PHASE] = phase
+    def phase(self, phase: Phase) -> None:
+        self.mine[_PHASE] = phase.code
 
-    def leave(self, outcome: int) -> None:
-        self.mine[_LEFT] = time.time_ns()
-        self.mine[_OUTCOME] = outcome
-        self.mine[_PHASE] = IDLE
+    def leave(self, outcome: Outcome) -> None:
+        self.mine[_LEFT] = self._time_ns()
+        self.mine[_OUTCOME] = outcome.code
+        self.mine[_PHASE] = IDLE.code
 
     def cell_begin(self, cell: int) -> None:
         self.mine[_CELL] = cell
@@ -263,7 +269,7 @@ class Board:
         mine = self.mine
         raw = text.encode()[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0")
         mine[_ENDED_TEXT] = memoryview(raw).cast("q")
-        mine[_ENDED_GEN], mine[_ENDED_INDEX], mine[_ENDED_NS] = gen, index, time.time_ns()
+        mine[_ENDED_GEN], mine[_ENDED_INDEX], mine[_ENDED_NS] = gen, index, self._time_ns()
         mine[_ENDED_CELL] = cell  # last: a reader that sees the cell sees the rest of its record
         mine[_CELL_RUNNING] = 0
 
@@ -301,8 +307,11 @@ class Board:
         return encoded
 
 
-# A signal nothing else in the stack uses (Hydra forwards SIGUSR1 to its processes); none on Windows.
-_WHERE_SIGNAL = getattr(signal, "SIGUSR2", None)
+def _where_signal(runtime: Runtime) -> int | None:
+    """A signal nothing else in the stack uses (Hydra forwards SIGUSR1 to its processes); none on Windows."""
+    return getattr(runtime.signals, "SIGUSR2", None)
+
+
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
@@ -366,28 +375,29 @@ def _where_token(path: str) -> bytes:
     return bytes.fromhex(os.path.basename(path)[len(_WHERE_PREFIX):])
 
 
-def _own_where_file(folder: str) -> str | None:
+def _own_where_file(folder: str, runtime: Runtime = PROCESS) -> str | None:
     global _own_where
-    if _own_where is None and _WHERE_SIGNAL is not None:
+    signum = _where_signal(runtime)
+    if _own_where is None and signum is not None:
         try:
             fd, path = _create_private(folder, _WHERE_PREFIX, os.O_APPEND)
         except OSError:
             return None
-        _ignore_when_unhandled(_WHERE_SIGNAL)
-        faulthandler.register(_WHERE_SIGNAL, file=fd, all_threads=True, chain=False)
+        _ignore_when_unhandled(signum, runtime.signals)
+        faulthandler.register(signum, file=fd, all_threads=True, chain=False)
         _own_where = path
     return _own_where
 
 
-def _ignore_when_unhandled(signum: int) -> None:
+def _ignore_when_unhandled(signum: int, signals: Any) -> None:
     """Make ``signum``'s default action "ignore": faulthandler puts back the handler it replaced when
     the interpreter finalises, and a rank asked where it is while it exits (a batch script that
     caught a collective's error and ends) was killed by the default action, and mpiexec ended the
     job with it, the real error never printed. Only the main thread may set handlers; elsewhere the
     default stays."""
     try:
-        if signal.getsignal(signum) == signal.SIG_DFL:
-            signal.signal(signum, signal.SIG_IGN)
+        if signals.getsignal(signum) == signals.SIG_DFL:
+            signals.signal(signum, signals.SIG_IGN)
     except ValueError:
         pass
 

@@ -12,7 +12,6 @@ python script.py``) every collective belongs to cell 0 and nothing here runs.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,12 +23,12 @@ _COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class Cell:
-    """One cell: its id (0: no cell), the engine ids it was sent to (``None``: not known), when it began."""
+    """One cell: its id (0: no cell) and the engine ids it was sent to (``None``: not known)."""
 
-    __slots__ = ("id", "targets", "began")
+    __slots__ = ("id", "targets")
 
     def __init__(self, id: int, targets: tuple[int, ...] | None = None) -> None:
-        self.id, self.targets, self.began = id, targets, time.monotonic()
+        self.id, self.targets = id, targets
 
     def __repr__(self) -> str:
         return f"Cell({self.id}, targets={self.targets})"
@@ -218,9 +217,10 @@ def _showing_an_error(frame: Any) -> bool:
 
 def _on_rank() -> str:
     try:
-        from mpi4py import MPI
+        from mpinb._collective.runtime import PROCESS
 
-        return f" on rank {MPI.COMM_WORLD.Get_rank()}" if MPI.Is_initialized() and not MPI.Is_finalized() else ""
+        mpi = PROCESS.mpi
+        return f" on rank {mpi.COMM_WORLD.Get_rank()}" if mpi.Is_initialized() and not mpi.Is_finalized() else ""
     except Exception:  # noqa: BLE001 - a message, not a reason to fail
         return ""
 

@@ -21,23 +21,19 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
-import time
 import warnings
 from types import FrameType
 from typing import Any
 
-from mpi4py import MPI
-
-from mpinb import interrupt as _interrupt
 from mpinb._collective import board as _board
 from mpinb._collective import cells, texts
 from mpinb._collective import notices as _notices
 from mpinb._collective import protocol as _p
 from mpinb._collective.generation import Gen
 from mpinb._collective.ops import Op, Retry, digest_of
-from mpinb._collective.wait import SPIN, DeadlinePassed, PeerLeft, poll
+from mpinb._collective.runtime import PROCESS, Runtime
+from mpinb._collective.wait import DeadlinePassed, PeerLeft, poll
 from mpinb.deadline import DEFAULT, resolve
 from mpinb.errors import CollectiveAbandoned
 
@@ -45,14 +41,24 @@ __all__ = ["Channel", "Gen"]
 
 
 class Channel:
-    """mpinb's private communicators for one user communicator, and their bookkeeping."""
+    """mpinb's private communicators for one user communicator, and their bookkeeping, in the
+    process ``runtime`` describes (:mod:`.runtime`; by default this one)."""
 
-    def __init__(self, parent: Any) -> None:
+    def __init__(self, parent: Any, runtime: Runtime = PROCESS) -> None:
+        self.runtime = runtime
+        # What the waits and operations call, bound once: the seam costs no lookup per call.
+        self.mpi = mpi = runtime.mpi
+        self.mpi_ops = {"sum": mpi.SUM, "min": mpi.MIN, "max": mpi.MAX}
+        self.monotonic, self.wall, self.time_ns = runtime.monotonic, runtime.wall, runtime.time_ns
+        self.sleep, self.sched_yield, self.pace = runtime.sleep, runtime.sched_yield, runtime.pace
+        self.spin = runtime.pace.spin
+        self.interrupts, self.current_cell = runtime.interrupts, runtime.cell
+        self.observer, self.plans = runtime.observer, runtime.plans
         self.parent = parent
         self.rank, self.size = parent.Get_rank(), parent.Get_size()
-        host = socket.gethostname()
+        host = runtime.hostname()
         self.hosts = [host] * self.size
-        self.affinity: list[frozenset[int]] = [_affinity()] * self.size
+        self.affinity: list[frozenset[int]] = [runtime.affinity()] * self.size
         self.engines: list[int | None] = [cells.engine_id()] * self.size
         self.ctrl: Any = None
         self._ctrl_pending: tuple[Any, Any] | None = None  # (communicator, Idup request) until complete
@@ -92,16 +98,16 @@ class Channel:
         """Collective the first time: duplicate, exchange hosts and boards. Free afterwards."""
         if not self.ready:
             seconds = resolve(timeout)
-            self._set_up("mpinb set-up", seconds, None if seconds is None else time.monotonic() + seconds)
+            self._set_up("mpinb set-up", seconds, None if seconds is None else self.monotonic() + seconds)
 
     # -- operations -----------------------------------------------------------------------------
     def begin(self, name: str, layout: Any = None, *, timeout: Any = DEFAULT, votes: tuple[int, ...] = (),
               what: str | None = None) -> Op:
         seconds = resolve(timeout)  # checked at one rank too, so a bad value fails the same everywhere
-        cell = cells.current()
+        cell = self.current_cell()
         if self.size == 1:
             return Op(self, None, name, 0, 0, cell.id, None, None, votes)
-        deadline = None if seconds is None else time.monotonic() + seconds
+        deadline = None if seconds is None else self.monotonic() + seconds
         self.collect()
         self._set_up(name, seconds, deadline)
         self._check_targets(name, cell)
@@ -160,7 +166,7 @@ class Channel:
                 self.gens.append(Gen(0, *self.parent.Idup()))
             waits = [self._ctrl_pending[1], self.gens[0].request]
             try:
-                poll(self, waits, deadline, spin=SPIN)
+                poll(self, waits, deadline, spin=self.spin)
             except DeadlinePassed:
                 assert seconds is not None  # a deadline passes only when there is one
                 raise texts.setup_timeout(name, seconds, self.rank) from None
@@ -176,7 +182,7 @@ class Channel:
     def _exchange(self, seconds: float | None) -> None:
         if self.board is None:
             try:
-                self.board = _board.Board()
+                self.board = _board.Board(self.runtime)
             except OSError:
                 self.board = None  # no writable shared folder: collectives work, timeouts say less
         path = None if self.board is None else self.board.path
@@ -198,7 +204,7 @@ class Channel:
             self.board.unlink()
             self.board.enter(self.gens[self.active].number, 0, "mpinb set-up", _board.IDLE)
             self.board.leave(_board.DONE)
-            cell = cells.current()
+            cell = self.current_cell()
             if cell.id:
                 self.board.cell_begin(cell.id)
         # The user's collectives are numbered from 1 (every rank resets at the same point).
@@ -217,7 +223,7 @@ class Channel:
                 op.gen, op.comm = gen, gen.comm
                 op.step("switch")
                 try:
-                    poll(self, [gen.request], op.deadline, spin=SPIN, op=op)
+                    poll(self, [gen.request], op.deadline, spin=self.spin, op=op)
                 except DeadlinePassed:
                     op.step("deadline")
                     raise texts.switch_timeout(self, op.name, op.timeout, gen, op.cell) from None
@@ -234,7 +240,7 @@ class Channel:
             self.active += 1
             if stale is not None:  # raised before waiting for the next generation: the others may be idle
                 op.step("stale")
-                raise _interrupt.instead_if_pending(stale)
+                raise self.interrupts.instead_if_pending(stale)
 
     def _leave(self, gen: Gen, name: str, digest: int, cell: int) -> BaseException | None:
         note = gen.revoked
@@ -245,8 +251,8 @@ class Channel:
             # This rank never reached the abandoned collective, so the others' arrivals are still
             # pending: complete them with a matching arrival, so MPI holds no request for ever.
             header = _p.abandoned_header()
-            gen.pending.append(([gen.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.MIN)], header))
-        stale = texts.stale_error(name, note["index"], self.rank, note) if late else None
+            gen.pending.append(([gen.comm.Iallreduce(self.mpi.IN_PLACE, header, op=self.mpi.MIN)], header))
+        stale = texts.stale_error(name, note["index"], self.rank, note, self.wall()) if late else None
         if stale is None and not gen.abandoned_here and note["rank"] != self.rank and note.get("departed") != self.rank:
             warnings.warn(texts.elsewhere_warning(note, self.rank), RuntimeWarning, stacklevel=_caller_level())
         self.collect()
@@ -260,11 +266,11 @@ class Channel:
         board = self.board
         if board is None or board.host_revoked() <= self._known_revoked():
             return
-        give_up = time.monotonic() + 5.0  # the notice was sent before the word was written
-        while board.host_revoked() > self._known_revoked() and time.monotonic() < give_up:
+        give_up = self.monotonic() + 5.0  # the notice was sent before the word was written
+        while board.host_revoked() > self._known_revoked() and self.monotonic() < give_up:
             self.notices()
             if board.host_revoked() > self._known_revoked():
-                time.sleep(1e-5)
+                self.sleep(1e-5)
 
     def _known_revoked(self) -> int:
         for gen in reversed(self.gens):
@@ -288,7 +294,7 @@ class Channel:
         if gen.revoked is not None or not revoke:
             return
         gen.revoked = note = {"gen": gen.number, "index": op.index, "name": op.name, "rank": self.rank,
-                              "why": why or "abandoned", "time": time.time(), "missing": missing,
+                              "why": why or "abandoned", "time": self.wall(), "missing": missing,
                               "timeout": op.timeout, "cell": op.cell, "digest": op.digest, "departed": departed}
         if departed is not None:
             # Where it ended its cell, as this rank saw it: a rank on another host may hear of the
@@ -318,18 +324,18 @@ class Channel:
         gen.abandoned_here = True
         if gen.revoked is None:
             gen.revoked = {"gen": gen.number, "index": op.index, "name": op.name, "rank": self.rank, "why": why,
-                           "time": time.time(), "missing": None, "timeout": op.timeout, "cell": op.cell,
+                           "time": self.wall(), "missing": None, "timeout": op.timeout, "cell": op.cell,
                            "digest": op.digest}
             self._post_next()
 
     def await_revocation(self, gen: Gen, seconds: float = 5.0) -> dict[str, Any] | None:
         """The notice that revoked ``gen``, waiting up to ``seconds`` for it (it was sent before any
         rank could complete an arrival as abandoned)."""
-        give_up = time.monotonic() + seconds
-        while gen.revoked is None and time.monotonic() < give_up:
+        give_up = self.monotonic() + seconds
+        while gen.revoked is None and self.monotonic() < give_up:
             self.notices()
             if gen.revoked is None:
-                time.sleep(1e-4)
+                self.sleep(1e-4)
         return gen.revoked
 
     def notices(self) -> None:
@@ -338,13 +344,14 @@ class Channel:
         ctrl = self.ctrl
         if ctrl is None:
             return
-        status = MPI.Status()  # per call: a fit on a background thread and the idle tick may both look
+        mpi = self.mpi
+        status = mpi.Status()  # per call: a fit on a background thread and the idle tick may both look
         while True:
             # The first probe may only pull arrived messages into MPI's queue (MPICH over UCX), so
             # an empty answer is asked once more.
-            message = ctrl.improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+            message = ctrl.improbe(source=mpi.ANY_SOURCE, tag=mpi.ANY_TAG, status=status)
             if message is None:
-                message = ctrl.improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+                message = ctrl.improbe(source=mpi.ANY_SOURCE, tag=mpi.ANY_TAG, status=status)
                 if message is None:
                     return
             tag = status.Get_tag()
@@ -367,7 +374,7 @@ class Channel:
             return
         for gen in self.gens:
             if gen.pending:
-                gen.pending = [(reqs, keep) for reqs, keep in gen.pending if not MPI.Request.Testall(reqs)]
+                gen.pending = [(reqs, keep) for reqs, keep in gen.pending if not self.mpi.Request.Testall(reqs)]
             if gen.left and not gen.pending and not gen.freed and gen.comm is not None:
                 gen.comm.Free()  # local in MPICH and Open MPI; every rank frees each generation once
                 gen.freed = True
@@ -379,11 +386,11 @@ class Channel:
         # sends finish (they are eager: at once, unless MPI is stuck).
         self.closed = True
         self.notices()
-        give_up = time.monotonic() + 1.0
-        while self._sends and time.monotonic() < give_up:
+        give_up = self.monotonic() + 1.0
+        while self._sends and self.monotonic() < give_up:
             self._sends = [s for s in self._sends if not s.Test()]
             if self._sends:
-                time.sleep(1e-4)
+                self.sleep(1e-4)
         for gen in self.gens:
             if not gen.freed and gen.request is None and not gen.pending:
                 gen.comm.Free()
@@ -408,7 +415,7 @@ class Channel:
         if self.board is not None:
             self.board.cell_end(cell.id, gen.number, gen.index, text)
         if self.ctrl is not None and any(h != self.host for h in self.hosts):
-            note = (self.rank, cell.id, False, cell.id, gen.number, gen.index, time.time_ns(), text)
+            note = (self.rank, cell.id, False, cell.id, gen.number, gen.index, self.time_ns(), text)
             self._sends += _notices.start(self.ctrl, _notices.CELL_END, self.rank, note, self.hosts)
             self._sends = [s for s in self._sends if not s.Test()]
 
@@ -469,9 +476,9 @@ class Channel:
         gen = op.gen
         assert gen is not None, "an operation that waits holds a place"
         here = (gen.number, op.index or gen.index + 1)
-        waited = time.monotonic() - op.began
-        now_ns = time.time_ns()
-        current = cells.current()
+        waited = self.monotonic() - op.began
+        now_ns = self.time_ns()
+        current = self.current_cell()
         sent = current.targets if current.id == cell and None not in self.engines else None
         for r in range(self.size):
             if r == self.rank:
@@ -492,7 +499,7 @@ class Channel:
         arrivals the others post there. A rank that finds that place revoked already (another rank
         raised there too) only completes them. In a cell the cell-end path names it instead; and
         where an operation is in progress (another thread's), that operation gives up for itself."""
-        if self.size == 1 or not self.ready or self.closed or self._owner is not None or cells.current().id:
+        if self.size == 1 or not self.ready or self.closed or self._owner is not None or self.current_cell().id:
             return
         self.notices()
         gen = self.gens[self.active]
@@ -502,7 +509,7 @@ class Channel:
         note = gen.revoked
         if note is None:
             gen.revoked = note = {"gen": gen.number, "index": place, "name": where, "rank": self.rank,
-                                  "why": texts.raised_between_why(error, where), "time": time.time(), "missing": None,
+                                  "why": texts.raised_between_why(error, where), "time": self.wall(), "missing": None,
                                   "timeout": None, "cell": 0, "digest": None, "departed": None, "scope": self.scope}
             self._sends += _notices.start(self.ctrl, _notices.REVOKED, self.rank, note, self.hosts,
                                           self._host_peers())
@@ -516,7 +523,7 @@ class Channel:
         gen.abandoned_here = True
         gen.index = place
         header = _p.abandoned_header()
-        gen.pending.append(([gen.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.MIN)], header))
+        gen.pending.append(([gen.comm.Iallreduce(self.mpi.IN_PLACE, header, op=self.mpi.MIN)], header))
 
 
 class _CellRecord(str):
@@ -556,10 +563,3 @@ def _caller_level() -> int:
     while frame is not None and frame.f_globals.get("__name__", "").startswith("mpinb"):
         frame, level = frame.f_back, level + 1
     return level
-
-
-def _affinity() -> frozenset[int]:
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no affinity API
-        return frozenset(range(os.cpu_count() or 1))

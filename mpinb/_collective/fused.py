@@ -188,13 +188,15 @@ class Fused:
 _plans: dict[tuple, Fused] = {}
 
 
-def plan(values: Sequence[np.ndarray], op: str) -> Fused:
+def plan(values: Sequence[np.ndarray], op: str, plans: dict[tuple, Fused] = _plans) -> Fused:
+    """The plan for ``values`` and ``op``, made once and kept in ``plans`` (a process's: its
+    runtime's, :attr:`~mpinb._collective.runtime.Runtime.plans`)."""
     key = (op, tuple([v.shape for v in values]), tuple([v.dtype for v in values]))
-    plan = _plans.get(key)
+    plan = plans.get(key)
     if plan is None:
-        if len(_plans) > 256:
-            _plans.clear()
-        plan = _plans[key] = Fused(key[1], key[2], op)
+        if len(plans) > 256:
+            plans.clear()
+        plan = plans[key] = Fused(key[1], key[2], op)
     return plan
 
 

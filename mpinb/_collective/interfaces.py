@@ -9,17 +9,35 @@ protocol model's simulator drives the same surface). Type-only: nothing here run
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from mpinb._collective.board import Board, CellRecord
+from mpinb._collective.cells import Cell
 from mpinb._collective.generation import Gen
-from mpinb._collective.protocol import CellLedger
+from mpinb._collective.protocol import CellLedger, Phase
+from mpinb._collective.runtime import InterruptSource, Pace, Runtime
 
 __all__ = ["ChannelPort", "OpView"]
 
 
 class ChannelPort(Protocol):
     """A rank's channel, as its operations, texts and waits see it."""
+
+    # Its runtime's members, bound once (:class:`~mpinb._collective.channels.Channel`).
+    runtime: Runtime
+    mpi: Any
+    mpi_ops: dict[str, Any]
+    monotonic: Callable[[], float]
+    wall: Callable[[], float]
+    time_ns: Callable[[], int]
+    sleep: Callable[[float], None]
+    sched_yield: Callable[[], None]
+    pace: Pace
+    spin: float
+    interrupts: InterruptSource
+    current_cell: Callable[[], Cell]
+    observer: Callable[[Any, Any, str, Any], None] | None
 
     rank: int
     size: int
@@ -60,7 +78,7 @@ class OpView(Protocol):
     index: int
     cell: int
     timeout: float | None
-    phase: int
+    phase: Phase
 
     def notice_due(self, now: float) -> bool: ...
 

@@ -13,21 +13,17 @@ data then move with non-blocking calls. The wire protocol is the same with and w
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mpi4py import MPI
 
-from mpinb import interrupt as _interrupt
 from mpinb._collective import protocol as _p
 from mpinb._collective import texts
 from mpinb._collective.protocol import VOTES
-from mpinb._collective.wait import SPIN, DeadlinePassed, PeerGaveUp, PeerLeft, poll
+from mpinb._collective.wait import DeadlinePassed, PeerGaveUp, PeerLeft, poll
 from mpinb._digest import int_digest
 from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError
 
@@ -38,7 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["Op", "Retry", "digest_of"]
 
 _AWAY = 0.5  # seconds an operation runs before it looks, as it finishes, whether the others gave it up
-_NOTICE_ENV = "MPINB_WAIT_NOTICE"  # seconds of waiting before a rank says whom it waits for
 
 
 class Retry(Exception):
@@ -65,8 +60,9 @@ class Op:
         self.waited = 0.0
         # Where the operation stands in the protocol's table (:mod:`.protocol`); every change of
         # either is a step of that table, and the status board shows it to the ranks on this host.
-        self.phase, self.outcome = _p.IDLE, 0
-        self.began = time.monotonic()
+        self.phase: _p.Phase = _p.IDLE
+        self.outcome: _p.Outcome | None = None
+        self.began = chan.monotonic()
         # Read when a wait first runs long enough to need it (see notice_due): reading the
         # environment costs microseconds that every short operation would pay.
         self.notice_at: Any = _UNREAD
@@ -88,7 +84,7 @@ class Op:
         if self.gen is None:
             return  # one rank: nothing claimed, nothing to leave
         try:
-            if self.outcome:
+            if self.outcome is not None:
                 return  # the operation already left through a step of the table
             if kind is None:
                 note = self._given_up_meanwhile()
@@ -100,7 +96,7 @@ class Op:
                 # value they did not get.
                 self.raised()
                 self.step("revoked")
-                raise _interrupt.instead_if_pending(texts.abandoned_error(self, note))
+                raise self.chan.interrupts.instead_if_pending(texts.abandoned_error(self, note))
             # An exception between two messages of this operation (a KeyboardInterrupt, a bug): the
             # others would wait for the next message, so give the operation up for everyone.
             self.give_up("interrupt" if issubclass(kind, KeyboardInterrupt) else "raise", [], None,
@@ -112,7 +108,7 @@ class Op:
         """The revocation that reaches this operation, when one came while it ran long (``_AWAY``
         seconds or more: long enough for another rank to give up on it); ``None`` otherwise, and
         for every short operation, which does not look."""
-        if time.monotonic() - self.began < _AWAY:
+        if self.chan.monotonic() - self.began < _AWAY:
             return None
         self.chan.notices()
         assert self.gen is not None, "an operation that ran long holds a place"
@@ -128,7 +124,7 @@ class Op:
 
     def step(self, event: str) -> _p.Rule:
         """Take ``event``'s transition of the protocol table, and show it on the status board."""
-        rule = _p.step(self.phase, event, self)
+        rule = _p.step(self.phase, event, self, self.chan.observer)
         board = self.chan.board
         if rule.to is not None:
             if board is not None:
@@ -140,7 +136,8 @@ class Op:
             self.phase = rule.to
         else:
             # A rule either goes to a phase or leaves with an outcome (the table's own check).
-            outcome = rule.outcome or 0
+            outcome = rule.outcome
+            assert outcome is not None
             self.phase, self.outcome = _p.IDLE, outcome
             if board is not None:
                 board.leave(outcome)
@@ -162,15 +159,15 @@ class Op:
     def notice_due(self, now: float) -> bool:
         """Whether this rank should now say whom it waits for (``MPINB_WAIT_NOTICE``)."""
         if self.notice_at is _UNREAD:
-            after = _notice_after()
+            after = self.chan.runtime.notice_after()
             self.notice_at = None if after is None else self.began + after
         return self.notice_at is not None and now >= self.notice_at
 
     def tell_waiting(self) -> None:
         """Say, on this rank's stderr (the cell's output), whom it waits for and where they are."""
-        waited = time.monotonic() - self.began
+        waited = self.chan.monotonic() - self.began
         print(texts.waiting_notice(self, waited), file=sys.stderr, flush=True)
-        self.notice_at = time.monotonic() + max(30.0, waited)  # then less and less often
+        self.notice_at = self.chan.monotonic() + max(30.0, waited)  # then less and less often
 
     # -- messages -------------------------------------------------------------------------------
     def allreduce(self, buffers: Sequence[np.ndarray], op: str = "sum",
@@ -184,10 +181,11 @@ class Op:
             for send, recv in pairs:
                 recv[...] = send
             return
-        mpi_op = _mpi_op(op)
-        post: list[tuple[Any, np.ndarray]] = [(MPI.IN_PLACE, b) for b in buffers if b.size]
+        chan = self.chan
+        mpi_op = _mpi_op(chan.mpi_ops, op)
+        post: list[tuple[Any, np.ndarray]] = [(chan.mpi.IN_PLACE, b) for b in buffers if b.size]
         post += [(s, r) for s, r in pairs if s.size]
-        if self.chan.crowded:
+        if chan.crowded:
             # More ranks than cores: whichever rank runs should find work for every message.
             self._wait([self.comm.Iallreduce(s, r, op=mpi_op) for s, r in post], post)
             return
@@ -281,9 +279,11 @@ class Op:
     def arrive(self, layout: Any, what: str | None) -> None:
         # A fresh array each time: an abandoned arrival's buffer stays with MPI (``Gen.pending``).
         header = _p.arrival_header(self.digest, self.cell, self.index, self.my_votes)
-        t0 = time.perf_counter()
-        self._wait([self.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.MIN)], header, SPIN)
-        self.waited = time.perf_counter() - t0
+        chan = self.chan
+        mpi, monotonic = chan.mpi, chan.monotonic
+        t0 = monotonic()
+        self._wait([self.comm.Iallreduce(mpi.IN_PLACE, header, op=mpi.MIN)], header, chan.spin)
+        self.waited = monotonic() - t0
         arrival = _p.decide_arrival(header.tolist(), self.cell)  # Python ints: cheaper to compare
         self.votes = arrival.votes
         verdict = arrival.verdict
@@ -334,7 +334,8 @@ class Op:
             )
         if _p.of_a_later_cell(note, self.cell) or _p.outside_scope(note, self.chan.scope):
             raise Retry
-        raise _interrupt.instead_if_pending(texts.stale_error(self.name, self.index, self.chan.rank, note))
+        raise self.chan.interrupts.instead_if_pending(
+            texts.stale_error(self.name, self.index, self.chan.rank, note, self.chan.wall()))
 
     def _wait(self, requests: list[Any], keep: Any, spin: float | None = None) -> None:
         try:
@@ -352,7 +353,7 @@ class Op:
                 # gave up on (this rank left that cell before it), or the next collective of a rank
                 # that raised after the last one of an mpinb call this rank has left.
                 raise Retry from None
-            raise _interrupt.instead_if_pending(texts.abandoned_error(self, gave_up.note)) from None
+            raise self.chan.interrupts.instead_if_pending(texts.abandoned_error(self, gave_up.note)) from None
         except PeerLeft as left:
             why = f"rank {left.rank} {left.what}"
             self.give_up("left", requests, keep, why, departed=left.rank)
@@ -389,14 +390,12 @@ def digest_of(name: str, layout: Any) -> int:
     return value
 
 
-_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}  # the ops a message reduces with, built once
-
-
-def _mpi_op(op: str) -> Any:
+def _mpi_op(ops: dict[str, Any], op: str) -> Any:
+    """The MPI op of ``ops`` (the channel's, built once) a message reduces with."""
     try:
-        return _MPI_OPS[op]
+        return ops[op]
     except KeyError:
-        raise ValueError(f"op must be one of {', '.join(map(repr, _MPI_OPS))}; got {op!r}.") from None
+        raise ValueError(f"op must be one of {', '.join(map(repr, ops))}; got {op!r}.") from None
 
 
 def _displacements(counts: np.ndarray) -> np.ndarray:
@@ -413,25 +412,3 @@ def _unpickle(data: np.ndarray, counts: np.ndarray) -> list[Any]:
         start += n
     return out
 
-
-_notice_cache: tuple[str | None, float | None] = ("", 10.0)
-
-
-def _notice_after() -> float | None:
-    """Seconds of waiting before a rank says whom it waits for (``MPINB_WAIT_NOTICE``; ``off``: never)."""
-    global _notice_cache
-    raw = os.environ.get(_NOTICE_ENV)
-    if raw == _notice_cache[0]:
-        return _notice_cache[1]
-    text = (raw or "").strip().lower()
-    if text in ("", "default"):
-        value: float | None = 10.0
-    elif text in ("none", "off", "0"):
-        value = None
-    else:
-        try:
-            value = max(float(text), 0.1)
-        except ValueError:
-            value = 10.0
-    _notice_cache = (raw, value)
-    return value

@@ -5,39 +5,66 @@ arriving, moving data) and leaves it with one outcome. :data:`TABLE` lists every
 operation may take, on which event, and whether the rank then *revokes* the generation (tells every
 other rank it gave up). The channel and operation code (:mod:`.channels`, :mod:`.ops`) takes each of
 its steps through :func:`step`, so a transition missing from the table is a bug that raises at
-once, and the protocol model (``tests/model``) drives that same code over simulated ranks, every
-delivery order and injected faults, observing each step through :data:`observer`.
+once, and the protocol model (``tests/model``) drives that same code over simulated ranks, many
+delivery orders and injected faults, observing each step through its runtime's observer.
 
 The decisions every rank takes from what it sees live here too, as pure functions of their inputs:
 how the arrival is encoded and what its reduced value means (:func:`arrival_header`,
 :func:`decide_arrival`), whether a revocation reaches an operation (:func:`revocation_reaches`),
 what a rank that finds its generation revoked owes the others (:func:`late_arrival`), whether a
 rank it waits for has left (:func:`departure`), and whether the ranks of a cell made the same
-collectives (:class:`CellLedger`). :func:`invariant_violations` states the guarantees as
-predicates over the outcomes of all ranks; :func:`diagram_markdown` draws the table.
+collectives (:class:`CellLedger`). :func:`diagram_markdown` draws the table. The guarantees, as
+predicates over the outcomes of all ranks, are the test oracle's (``tests/model/oracle.py``).
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
+from enum import Enum
 from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = [
-    "ABANDONED", "ABANDONED_VOTE", "ARRIVING", "DONE", "FAILED", "IDLE", "MOVING", "OUTCOMES", "PHASES",
-    "CELL_END", "SWITCHING", "TABLE", "TIMED_OUT", "VOTES", "Arrival", "CallOutcome", "CellLedger", "ProtocolError",
-    "Rule", "abandoned_header", "arrival_header", "decide_arrival", "departure",
-    "diagram_markdown", "invariant_violations", "late_arrival", "observer", "outside_scope", "revocation_reaches",
-    "step",
+    "ABANDONED", "ABANDONED_VOTE", "ARRIVING", "CELL", "CELL_END", "DIGEST", "DONE", "FAILED", "IDLE", "INDEX",
+    "MOVING", "OUTCOMES", "PHASES", "SWITCHING", "TABLE", "TIMED_OUT", "VOTE", "VOTES", "WORDS", "Arrival",
+    "CellLedger", "Outcome", "Phase", "ProtocolError", "Rule", "abandoned_header", "arrival_header",
+    "decide_arrival", "departure", "diagram_markdown", "late_arrival", "outside_scope",
+    "revocation_reaches", "step",
 ]
 
-# Phases of an operation (as the status board stores them), and the outcomes it can leave with.
-IDLE, ARRIVING, MOVING, SWITCHING = 0, 1, 2, 3
-DONE, FAILED, TIMED_OUT, ABANDONED = 1, 2, 3, 4
-PHASES = {IDLE: "idle", ARRIVING: "arriving", MOVING: "moving data", SWITCHING: "switching"}
-OUTCOMES = {DONE: "done", FAILED: "failed", TIMED_OUT: "timed out", ABANDONED: "abandoned"}
+class Phase(Enum):
+    """Where an operation stands. ``code``: the word the status board stores; ``text``: its name in
+    the docs. ``rules``: the table's rules from this phase, by event (filled below the table: a step
+    looks its event up there, with no hash of the member)."""
+
+    IDLE = 0, "idle"
+    ARRIVING = 1, "arriving"
+    MOVING = 2, "moving data"
+    SWITCHING = 3, "switching"
+
+    def __init__(self, code: int, text: str) -> None:
+        self.code, self.text = code, text
+        self.rules: dict[str, Rule] = {}
+
+
+class Outcome(Enum):
+    """How an operation left (``code``: the board's word, never 0, which means "not left")."""
+
+    DONE = 1, "done"
+    FAILED = 2, "failed"
+    TIMED_OUT = 3, "timed out"
+    ABANDONED = 4, "abandoned"
+
+    def __init__(self, code: int, text: str) -> None:
+        self.code, self.text = code, text
+
+
+IDLE, ARRIVING, MOVING, SWITCHING = Phase  # module names: read on every step, and quicker than Phase.X
+DONE, FAILED, TIMED_OUT, ABANDONED = Outcome
+PHASES = {p: p.text for p in Phase}
+OUTCOMES = {o: o.text for o in Outcome}
 
 VOTES = 3  # integers every rank votes with in an arrival; each arrives as its maximum over the ranks
 ABANDONED_VOTE = 2**62  # the first vote of an arrival made only to complete an abandoned one
@@ -50,10 +77,10 @@ class ProtocolError(RuntimeError):
 class Rule(NamedTuple):
     """One transition: in ``phase``, on ``event``, go to ``to`` (a phase) or leave with ``outcome``."""
 
-    phase: int
+    phase: Phase
     event: str
-    to: int | None
-    outcome: int | None
+    to: Phase | None
+    outcome: Outcome | None
     revokes: bool  # the rank tells every other rank it gave up on the generation
     why: str
 
@@ -93,29 +120,34 @@ RULES: tuple[Rule, ...] = (
     Rule(MOVING, "interrupt", None, ABANDONED, True, "Ctrl-C while data moved"),
     Rule(MOVING, "raise", None, FAILED, True, "an exception between two messages"),
 )
-TABLE: dict[tuple[int, str], Rule] = {(r.phase, r.event): r for r in RULES}
+TABLE: dict[tuple[Phase, str], Rule] = {(r.phase, r.event): r for r in RULES}
+for _rule in RULES:
+    _rule.phase.rules[_rule.event] = _rule
+del _rule
 
-#: Called as ``observer(op, rule)`` after every step when set (the protocol model sets it).
-observer: Callable[[Any, Rule], None] | None = None
-
-
-def step(phase: int, event: str, op: Any = None) -> Rule:
-    """The rule for ``event`` in ``phase``; :class:`ProtocolError` when the table has none."""
-    try:
-        rule = TABLE[phase, event]
-    except KeyError:
-        raise ProtocolError(f"mpinb's collective protocol has no step {event!r} from phase "
-                            f"{PHASES.get(phase, phase)!r}; this is a bug in mpinb.") from None
+def step(phase: Phase, event: str, op: Any = None,
+         observer: Callable[[Any, Phase, str, Rule | None], None] | None = None) -> Rule:
+    """The rule for ``event`` in ``phase``; :class:`ProtocolError` when the table has none. With
+    ``observer`` (a runtime's: the protocol model watches every step), ``observer(op, phase, event,
+    rule)`` first, ``rule`` ``None`` where the table has none."""
+    rule = phase.rules.get(event)
     if observer is not None:
-        observer(op, rule)
+        observer(op, phase, event, rule)
+    if rule is None:
+        raise ProtocolError(f"mpinb's collective protocol has no step {event!r} from phase "
+                            f"{phase.text!r}; this is a bug in mpinb.")
     return rule
 
 
 # -- the arrival --------------------------------------------------------------------------------
-# Nine int64 reduced with MIN: each identity field beside its negation, so that the MIN of both
-# says whether every rank sent the same value; votes negated, so they arrive as their maximum.
-_DIGEST, _CELL, _INDEX, _VOTE = 0, 2, 4, 6
-WORDS = 6 + VOTES
+# Nine int64 reduced with MIN. Each identity field is two words, its value and its negation, so
+# that the reduced pair is the lowest value any rank sent and minus the highest: every rank sent the
+# same value where they agree. The votes are negated, so each arrives as its maximum. The fields,
+# by their first word (the writer, :func:`arrival_header`, and the reader, :func:`decide_arrival`,
+# keep this order; a unit test checks both against these names):
+DIGEST, CELL, INDEX = 0, 2, 4  # the operation's name and layout, its cell, its place in the sequence
+VOTE = 6  # the first of the VOTES votes
+WORDS = VOTE + VOTES
 
 
 class Arrival(NamedTuple):
@@ -133,6 +165,7 @@ class Arrival(NamedTuple):
 def arrival_header(digest: int, cell: int, index: int, votes: Sequence[int]) -> np.ndarray:
     """The arrival a rank posts for the operation ``digest`` at place ``index`` of cell ``cell``."""
     v0, v1, v2 = votes
+    # One list in the fields' order (DIGEST, CELL, INDEX, VOTE): a store a word cost more than the message.
     return np.array([digest, -digest, cell, -cell, index, -index, -v0, -v1, -v2], dtype=np.int64)
 
 
@@ -140,22 +173,24 @@ def abandoned_header() -> np.ndarray:
     """The arrival a rank that knows a generation is abandoned sends to complete the others'
     pending arrivals: neutral in every field of the MIN but the first vote, which says so."""
     header = np.full(WORDS, np.iinfo(np.int64).max, dtype=np.int64)
-    header[_VOTE] = -ABANDONED_VOTE
+    header[VOTE] = -ABANDONED_VOTE
     return header
 
 
 def decide_arrival(h: Sequence[int], cell: int) -> Arrival:
     """What every rank concludes alike from the reduced arrival ``h`` (a list of ints)."""
-    votes = (-h[6], -h[7], -h[8])
+    (digest_low, digest_minus_high, cell_low, cell_minus_high, index_low, index_minus_high,
+     minus_vote0, minus_vote1, minus_vote2) = h  # the fields' order: DIGEST, CELL, INDEX, VOTE
+    votes = (-minus_vote0, -minus_vote1, -minus_vote2)
     if votes[0] >= ABANDONED_VOTE:
         return Arrival("abandoned", votes)
-    if h[2] != -h[3]:
+    if cell_low != -cell_minus_high:
         # Ranks of two cells met: every rank saw the same header and retires the generation; the
         # later cell's ranks run the operation again, the earlier cell's raise.
-        return Arrival("earlier cell" if cell < -h[3] else "later cell", votes)
-    if h[4] != -h[5]:
-        return Arrival("sequence", votes, h[4], -h[5])
-    if h[0] != -h[1]:
+        return Arrival("earlier cell" if cell < -cell_minus_high else "later cell", votes)
+    if index_low != -index_minus_high:
+        return Arrival("sequence", votes, index_low, -index_minus_high)
+    if digest_low != -digest_minus_high:
         return Arrival("mismatch", votes)
     return Arrival("go", votes)
 
@@ -291,82 +326,20 @@ class CellLedger:
         return f"{self.count} collective{'' if self.count == 1 else 's'}: {calls}{more}"
 
 
-# -- the guarantees -----------------------------------------------------------------------------
-class CallOutcome(NamedTuple):
-    """How one rank's call of the protocol model ended: ``cell``, the call's ``label``, whether it
-    returned (``returned``) and whether its value is the one the same call of every rank gives."""
-
-    rank: int
-    cell: int
-    label: str
-    returned: bool
-    right: bool
-    began: float = 0.0  # when the call was made and when it ended, in seconds
-    ended: float = 0.0
-
-
-class GiveUp(NamedTuple):
-    """A rank that gave up its call ``label`` of ``cell`` (a deadline, an interrupt, an exception
-    inside it) at time ``at``."""
-
-    rank: int
-    cell: int
-    label: str
-    at: float
-
-
-def invariant_violations(calls: Sequence[CallOutcome], cell_errors: dict[tuple[int, int], bool],
-                         released: dict[int, float | None], bound: float,
-                         gave_up: Sequence[GiveUp] = (), away: float = float("inf")) -> list[str]:
-    """The guarantees, as predicates over every rank's outcomes; the violated ones, described.
-
-    - *no wrong value without an error*: a call that returned a value other than the one the same
-      call of every rank gives is only allowed where that rank's cell ends with an error
-      (``cell_errors[rank, cell]``);
-    - *agreement*: a call that another rank gave up while it was in progress (and no rank had yet
-      completed) does not return a value the others did not get, when it ran on ``away`` seconds or
-      more after the give-up (a rank that was stopped, or long in a C call, wakes to raise with the
-      others; a quick one may have finished before it could know);
-    - *released in time*: a rank whose wait was decided (another rank raised, left or exited) is
-      released within ``bound`` seconds of the deciding event (``released[rank]``: the delay, ``None``
-      if it never was).
-    """
-    found = []
-    # A give-up after some rank had already returned from the call cannot be agreed on (that rank
-    # has its value): it binds only the calls of a collective nobody had completed.
-    binding = [g for g in gave_up
-               if not any(c.returned and (c.cell, c.label) == (g.cell, g.label) and c.ended <= g.at for c in calls)]
-    for c in calls:
-        if c.returned and not c.right and not cell_errors.get((c.rank, c.cell), False):
-            found.append(f"rank {c.rank} returned a wrong value from {c.label} in cell {c.cell} without an error")
-        if not c.returned:
-            continue
-        for g in binding:
-            if (g.rank != c.rank and (g.cell, g.label) == (c.cell, c.label) and c.began < g.at
-                    and c.ended - g.at >= away):
-                found.append(f"rank {c.rank} returned from {c.label} in cell {c.cell} {c.ended - g.at:.2f} s after "
-                             f"rank {g.rank} gave it up, instead of raising with it")
-                break
-    for rank, delay in sorted(released.items()):
-        if delay is None:
-            found.append(f"rank {rank} was never released from a wait that another rank had decided")
-        elif delay > bound:
-            found.append(f"rank {rank} was released {delay:.2f} s after the deciding event (bound {bound:g} s)")
-    return found
-
-
 def diagram_markdown() -> str:
     """The table as a Mermaid state diagram in a Markdown fence, and as a table (for the docs)."""
-    name = {**{p: n.replace(" ", "_") for p, n in PHASES.items()},
-            **{100 + o: n.replace(" ", "_") for o, n in OUTCOMES.items()}}
+    def node(state: Phase | Outcome) -> str:
+        return state.text.replace(" ", "_")
+
     lines = ["```{mermaid}", "stateDiagram-v2", "    [*] --> idle"]
     for r in RULES:
-        target = name[r.to] if r.to is not None else name[100 + (r.outcome or 0)]
-        lines.append(f"    {name[r.phase]} --> {target}: {r.event}{' (revokes)' if r.revokes else ''}")
-    for o in OUTCOMES:
-        lines.append(f"    {name[100 + o]} --> [*]")
+        target = r.to if r.to is not None else r.outcome
+        assert target is not None  # a rule goes to a phase or leaves with an outcome
+        lines.append(f"    {node(r.phase)} --> {node(target)}: {r.event}{' (revokes)' if r.revokes else ''}")
+    for o in Outcome:
+        lines.append(f"    {node(o)} --> [*]")
     lines += ["```", "", "| phase | event | goes to | revokes | why |", "|---|---|---|---|---|"]
     for r in RULES:
-        target = PHASES[r.to] if r.to is not None else f"leaves: {OUTCOMES[r.outcome or 0]}"
-        lines.append(f"| {PHASES[r.phase]} | `{r.event}` | {target} | {'yes' if r.revokes else ''} | {r.why} |")
+        goes = r.to.text if r.to is not None else f"leaves: {r.outcome.text if r.outcome else ''}"
+        lines.append(f"| {r.phase.text} | `{r.event}` | {goes} | {'yes' if r.revokes else ''} | {r.why} |")
     return "\n".join(lines) + "\n"

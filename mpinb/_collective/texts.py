@@ -6,7 +6,6 @@ the ranks involved, and where each missing rank was; every one ends with what ha
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from mpinb._collective import protocol as _p
@@ -34,7 +33,7 @@ def whereabouts(chan: Channel, gen: Gen | None, index: int, cell: int,
     missing: dict[int, str] = {}
     arrived: list[int] = []
     computing: list[int] = []
-    now = time.time_ns()
+    now = chan.time_ns()
     assert gen is not None, "an arrival is awaited on a generation"
     number = gen.number
     for r in range(chan.size):
@@ -78,7 +77,7 @@ def data_whereabouts(op: Op) -> dict[int, str]:
     are not moving it with this one (stopped, finished, or elsewhere), and each rank off this host."""
     chan = op.chan
     found: dict[int, str] = {}
-    now = time.time_ns()
+    now = chan.time_ns()
     board, gen = chan.board, op.gen
     assert gen is not None, "data moves on a generation"
     for r in range(chan.size):
@@ -96,7 +95,7 @@ def data_whereabouts(op: Op) -> dict[int, str]:
     return found
 
 
-def timeout_error(op: Op, phase: int) -> CollectiveTimeout:
+def timeout_error(op: Op, phase: _p.Phase) -> CollectiveTimeout:
     chan = op.chan
     head = f"{op.name} #{op.index} timed out after {op.timeout:g} s on rank {chan.rank}"
     missing: dict[int, str] = {}
@@ -122,7 +121,7 @@ def timeout_error(op: Op, phase: int) -> CollectiveTimeout:
     )
 
 
-def interrupted_error(op: Op, phase: int) -> KeyboardInterrupt:
+def interrupted_error(op: Op, phase: _p.Phase) -> KeyboardInterrupt:
     """The Stop button (or Ctrl-C) reached this rank while it waited in ``op``: where, and for whom
     (the ranks are not asked where they compute: they are being interrupted too, and say so)."""
     head = f"interrupted on rank {op.chan.rank} (the Stop button, cluster.interrupt() or Ctrl-C)"
@@ -170,10 +169,11 @@ def left_error(op: Op, left: int, why: str) -> CollectiveAbandoned:
     )
 
 
-def stale_error(name: str, index: int, rank: int, note: dict[str, Any]) -> CollectiveAbandoned:
+def stale_error(name: str, index: int, rank: int, note: dict[str, Any], now: float) -> CollectiveAbandoned:
+    """``now``: the wall clock's seconds, as the note's ``time``."""
     if "scope" in note:
         return raised_between_error(name, index, rank, note)
-    ago = time.time() - note["time"]
+    ago = now - note["time"]
     return CollectiveAbandoned(
         f"{name} #{index} on rank {rank} came too late: rank {note['rank']} abandoned {note['name']} "
         f"#{note['index']} {ago:.1f} s ago ({note['why']}), and this call is that collective, so it raises "

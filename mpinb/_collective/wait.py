@@ -7,14 +7,10 @@ when the wait runs on a thread SIGINT never reaches); spins briefly, then yields
 
 from __future__ import annotations
 
-import os
-import time
 from typing import TYPE_CHECKING, Any
 
-from mpi4py import MPI
-
-from mpinb import interrupt as _interrupt
-from mpinb._collective.protocol import revocation_reaches
+from mpinb._collective import protocol as _p
+from mpinb.interrupt import INTERRUPT_GRACE
 
 if TYPE_CHECKING:
     from mpinb._collective.interfaces import ChannelPort as Channel
@@ -22,14 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DeadlinePassed", "PeerGaveUp", "PeerLeft", "poll"]
 
-SPIN = 1e-3  # busy-poll this long before sleeping: arrival skew on an idle machine stays below it
-_YIELD = 2e-2  # then test and yield the core for this long: a sleeping rank would delay the next message
-_FIRST_PAUSE, _MAX_PAUSE = 2e-5, 1e-3  # then sleep between tests, the pause doubling
-_DATA_SPIN = 2e-2  # with every rank present, test without yielding for this long
-_CHECK = 5e-5  # seconds between looks at notices and the deadline while ranks arrive
-_CHECK_DATA = 1e-3  # the same while data move
 _QUICK = 4  # tests before the wait sets up its clocks: a few microseconds, every rank already there
-_WATCH = 0.05  # seconds between looks at whether a missing rank has left the cell (a board read)
 
 
 class DeadlinePassed(Exception):
@@ -56,56 +45,64 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
     revoked by another rank at or before ``op``), PeerLeft (a rank it waits for ended the cell ``op``
     belongs to before entering it, or died), or KeyboardInterrupt.
 
-    MPI progresses a non-blocking collective only while it is tested, so the data phase
-    (``spin=None``: every rank is there) keeps testing, and yields the core only after
-    ``_DATA_SPIN`` seconds. While ranks have yet to arrive it busy-polls for ``spin`` seconds, then
-    tests and yields the core (``sched_yield``: free on an idle core, given away on a busy one) for
-    ``_YIELD`` seconds, and only then sleeps between tests with a doubling pause: a rank asleep
-    when the last one arrives would hold up the operation's next message by the rest of its nap.
-    Where ranks outnumber cores it sleeps from the start while ranks arrive, and yields while data
-    move. Notices and the deadline are checked every ``_CHECK`` seconds (``_CHECK_DATA`` while data
-    move) and after every sleep.
+    The times are the channel's :class:`~mpinb._collective.runtime.Pace`, and so are the clock, the
+    sleep and the yield (its runtime's). MPI progresses a non-blocking collective only while it is
+    tested, so the data phase (``spin=None``: every rank is there) keeps testing, and yields the
+    core only after ``data_spin`` seconds. While ranks have yet to arrive it busy-polls for ``spin``
+    seconds, then tests and yields the core (``sched_yield``: free on an idle core, given away on a
+    busy one) for ``yield_for`` seconds, and only then sleeps between tests with a doubling pause
+    (``first_pause`` up to ``max_pause``): a rank asleep when the last one arrives would hold up the
+    operation's next message by the rest of its nap. Where ranks outnumber cores it sleeps from the
+    start while ranks arrive, and yields while data move. Notices and the deadline are checked every
+    ``check`` seconds (``check_data`` while data move) and after every sleep.
 
     Ctrl-C inside a collective loop only sets a :class:`~mpinb.interrupt.StopFlag`, so that every
     rank stops at the same iteration; but a rank stuck here waiting would never reach the vote, so
-    a flag still pending after ``_interrupt.INTERRUPT_GRACE`` seconds of this wait ends it as a plain Ctrl-C
+    a flag still pending after ``INTERRUPT_GRACE`` seconds of this wait ends it as a plain Ctrl-C
     does (counted from the later of the signal and the wait's start, so a rank that computed
     through the signal still votes). That includes a wait on a thread of TensorFlow's, which SIGINT never reaches.
     """
     # One request (the usual case) is tested on its own: Testall converts the list to MPI's array on
     # every call, and MPI progresses the operation only while it is tested, so a slower test is a
     # slower message (fifty 335 KiB reductions at 2 ranks: about 1 ms of 7).
-    done = requests[0].Test if len(requests) == 1 else (lambda: MPI.Request.Testall(requests))
+    if len(requests) == 1:
+        done = requests[0].Test
+    else:
+        testall = chan.mpi.Request.Testall
+        done = lambda: testall(requests)  # noqa: E731 - one name for both tests
     for _ in range(_QUICK):
         if done():  # most waits of a short operation end here, before any bookkeeping
             return
-    now = began = time.monotonic()
-    spin_until = now + (_DATA_SPIN if spin is None else spin)
+    pace = chan.pace
+    monotonic = chan.monotonic
+    now = began = monotonic()
+    spin_until = now + (pace.data_spin if spin is None else spin)
     # Where ranks outnumber cores, a rank yielding in a loop still takes turns on a core that a
     # computing rank needs: waiting for arrivals, it sleeps from the start.
-    yield_until = now if chan.crowded else spin_until + _YIELD
+    yield_until = now if chan.crowded else spin_until + pace.yield_for
     # Probing for notices progresses MPI too, but costs tens of microseconds while megabytes move.
-    interval = _CHECK if spin is not None else _CHECK_DATA
+    interval = pace.check if spin is not None else pace.check_data
     check_at = now + interval  # the operation looked for notices when it began
     watch_at = now  # ... but not yet whether a missing rank has left the cell
-    pause = _FIRST_PAUSE
+    pause, max_pause, watch = pace.first_pause, pace.max_pause, pace.watch
     gen = None if op is None else op.gen
+    interrupts = chan.interrupts
     while True:
         if done():
             return
-        now = time.monotonic()
+        now = monotonic()
         if now >= check_at:
             check_at = now + interval
             chan.notices()
             note = None if gen is None else gen.revoked
-            if note is not None and op is not None and revocation_reaches(note, chan.rank, op.index):
+            if note is not None and op is not None and _p.revocation_reaches(note, chan.rank, op.index):
                 raise PeerGaveUp(note)
             if deadline is not None and now >= deadline:
                 if done():  # the last rank may have arrived while this one slept
                     return
                 raise DeadlinePassed
             if now >= watch_at:
-                watch_at = now + _WATCH
+                watch_at = now + watch
                 # In the data phase too: a rank that dies (or is stopped) after it arrived leaves
                 # the others waiting for its data (a hang the protocol model found), and a wait that
                 # runs long says so in every phase.
@@ -117,14 +114,14 @@ def poll(chan: Channel, requests: list[Any], deadline: float | None, *, spin: fl
                         raise PeerLeft(*left)
                     if op.notice_due(now):
                         op.tell_waiting()
-                since = _interrupt.pending_since()
-                if since is not None and now - max(since, began) >= _interrupt.INTERRUPT_GRACE:
-                    _interrupt.consume()
+                since = interrupts.pending_since()
+                if since is not None and now - max(since, began) >= INTERRUPT_GRACE:
+                    interrupts.consume()
                     raise KeyboardInterrupt("interrupted (Ctrl-C) while waiting in an mpinb collective")
         if now >= spin_until or chan.crowded:
             if spin is None or now < yield_until:
-                os.sched_yield()
+                chan.sched_yield()
             else:
-                time.sleep(pause if deadline is None else min(pause, max(deadline - now, 0.0)))
-                pause = min(2 * pause, _MAX_PAUSE)
+                chan.sleep(pause if deadline is None else min(pause, max(deadline - now, 0.0)))
+                pause = min(2 * pause, max_pause)
                 check_at = now  # look again after every sleep

@@ -1,5 +1,6 @@
-"""Drive the simulator: exhaustive search of schedules for small worlds, seeded random walks for
-larger ones, and the shortest choice list that still reproduces a violation."""
+"""Drive the simulator: a bounded exhaustive search of schedules (every combination of the first few
+branching choices, the rest taking the first option), seeded random walks (every choice drawn), and
+the shortest choice list that still reproduces a violation."""
 
 from __future__ import annotations
 
@@ -135,4 +136,4 @@ def run_job(job: tuple) -> dict:
         found = []
     return {"job": job, "schedules": tally.schedules, "seconds": time.monotonic() - t0,
             "found": [(f.scenario.name, f.violation, f.choices, f.steps) for f in found],
-            "rules": sorted(tally.rules)}
+            "rules": sorted(tally.rules, key=lambda rule: (rule[0].code, rule[1]))}

@@ -1,12 +1,17 @@
 """Seeded protocol bugs: the model must catch every one, or it is not looking.
 
-Each mutant patches one decision of the real layer (through its module attribute, as the layer calls
-it) for the length of a ``with`` block.
+Each mutant patches one decision of the real layer (a function of :mod:`~mpinb._collective.protocol`,
+:mod:`~mpinb._collective.notices` or :mod:`~mpinb._collective.texts`, or a method) for the length of
+a ``with`` block, through its module or class attribute: the layer calls its decisions through their
+modules (``_p.revocation_reaches``, never a name imported into the caller), so one patch reaches
+every caller. What the layer takes from its process (MPI, clocks, signals) is not patched: the
+simulator gives each rank its own :class:`~mpinb._collective.runtime.Runtime`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,13 +39,13 @@ def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
 
 def _no_sequence(digest: int, cell: int, index: int, votes: Any) -> np.ndarray:
     header = _ORIGINAL["arrival_header"](digest, cell, index, votes)
-    header[4] = header[5] = 0
+    header[_p.INDEX] = header[_p.INDEX + 1] = 0
     return header
 
 
 def _no_cell(digest: int, cell: int, index: int, votes: Any) -> np.ndarray:
     header = _ORIGINAL["arrival_header"](digest, cell, index, votes)
-    header[2] = header[3] = 0
+    header[_p.CELL] = header[_p.CELL + 1] = 0
     return header
 
 
@@ -84,12 +89,9 @@ def _reaches_one_late(note: dict[str, Any] | None, rank: int, index: int) -> boo
     return note is not None and note["rank"] != rank and index > note["index"]
 
 
-@contextlib.contextmanager
-def _reaching_one_late() -> Iterator[None]:
-    # wait.poll holds its own name for the function.
-    with _patched(_p, "revocation_reaches", _reaches_one_late), _patched(_wait, "revocation_reaches",
-                                                                         _reaches_one_late):
-        yield
+def _reaching_one_late() -> contextlib.AbstractContextManager:
+    # The waits and the operation's own look read it through the protocol module.
+    return _patched(_p, "revocation_reaches", _reaches_one_late)
 
 
 def _old_end_cell_check(self: Any, cell: Any) -> None:
@@ -123,9 +125,15 @@ def _whereabouts_blind_to_stops(chan: Any, gen: Any, index: int, cell: int, ask:
         del board.stopped
 
 
+def _channel_on_the_process_clock(self: Any, *args: Any, **kwargs: Any) -> None:
+    # The seam bypassed: what a wait or an operation that read ``time.monotonic`` itself would do.
+    _ORIGINAL["channel"](self, *args, **kwargs)
+    self.monotonic = time.monotonic
+
+
 _ORIGINAL: dict[str, Callable[..., Any]] = {
     "arrival_header": _p.arrival_header, "late_arrival": _p.late_arrival, "departure": _p.departure,
-    "on_cell": _channels.Channel.on_cell, "whereabouts": _texts.whereabouts,
+    "on_cell": _channels.Channel.on_cell, "whereabouts": _texts.whereabouts, "channel": _channels.Channel.__init__,
 }
 
 #: name -> a function returning the context manager that seeds the bug.
@@ -135,7 +143,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "a revocation not passed on down the tree": lambda: _patched(_notices, "forward", _forward_nothing),
     "a cell end not told to another host": lambda: _patched(_channels.Channel, "on_cell", _cell_end_untold),
     "the skipped-collective check turned off":
-        lambda: _patched(_collective, "cell_end_check", lambda value=None: value),
+        lambda: _patched(_collective, "cell_end_check", lambda value=None, **_: value),
     "a late call of an abandoned collective not raising": lambda: _patched(_p, "late_arrival", _never_stale),
     "a rank in a later cell taken for one that left": lambda: _patched(_p, "departure", _departure_by_cell_only),
     "no rank ever taken for one that left": lambda: _patched(_p, "departure", lambda *a: None),
@@ -148,4 +156,8 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         _channels.Channel, "end_cell_check", _old_end_cell_check),
     "a stopped rank unnamed in a timeout while ranks arrive": lambda: _patched(
         _texts, "whereabouts", _whereabouts_blind_to_stops),
+    "the waits timed by the process's clock, not the runtime's": lambda: _patched(
+        _channels.Channel, "__init__", _channel_on_the_process_clock),
+    "a Ctrl-C held back by a stop flag never ending the wait": lambda: _patched(
+        _wait, "INTERRUPT_GRACE", float("inf")),
 }

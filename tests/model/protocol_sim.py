@@ -5,25 +5,34 @@ N ranks run in one process, each in a greenlet, each calling the real layer (``m
 protocol table) over a simulated MPI and a virtual clock: no MPI, no threads, no sleeps. A
 collective completes for a rank, and a notice reaches a rank, only when the scheduler says so; a
 rank runs only when the scheduler picks it. Every step is one choice among the enabled ones, so a
-run is a function of its choices: :mod:`explore` enumerates them exhaustively for small worlds and
-samples them by seeded random walks for larger ones, and a failing run replays exactly from its
-choice list. After every step the simulator checks what can fail at once (a step missing from the
-protocol table, two different collectives matched by MPI, a timeout that does not name a stopped
-rank); each time the virtual clock moves, the invariants of time (every call with a deadline ends
-by it plus :data:`SLACK`; a rank whose wait another rank decided -- by revoking the generation at or
-before its place, by ending its cell or dying before entering its operation -- leaves it within
-:data:`BOUND`); at the end of a run, the guarantees of
-:func:`mpinb._collective.protocol.invariant_violations`, the invariants of truth (an error names a
-rank that left, raised, was stopped or differed; a mismatch needs programs that differ; where the
-only fault came after the last collective, the other ranks' cells end without an error), the
-recovery of the next cell and requests left pending on a communicator. A run has a budget
-(:data:`T_MAX` virtual seconds, :data:`STEPS_PER_RANK` steps a rank): past it, the run is a
+run is a function of its choices: :mod:`explore` enumerates every combination of the first few
+(a bounded exhaustive search, for small worlds) and draws them by seeded random walks (for larger
+ones), and a failing run replays exactly from its choice list. After every step the simulator
+checks what can fail at once (a step missing from the protocol table, two different collectives
+matched by MPI, a timeout that does not name a stopped rank); each time the virtual clock moves,
+the invariants of time (every call with a deadline ends by it plus :data:`SLACK`; a rank whose wait
+another rank decided -- by revoking the generation at or before its place, by ending its cell or
+dying before entering its operation -- leaves it within :data:`BOUND`); at the end of a run, the
+guarantees of :func:`oracle.invariant_violations`, the invariants of truth (an
+error names a rank that left, raised, was stopped or differed; a mismatch needs programs that
+differ; where the only fault came after the last collective, the other ranks' cells end without an
+error), the recovery of the next cell and requests left pending on a communicator. A run has a
+budget (:data:`T_MAX` virtual seconds, :data:`STEPS_PER_RANK` steps a rank): past it, the run is a
 violation, so a protocol made slow or busy is reported, not left to run out the tier's time.
 
 What is simulated, not run: MPI (collectives matched by order on a communicator, each rank's request
 completing on its own; point-to-point messages delivered in order per pair), the status board (the
 real :class:`Board` over memory, not a file; a dead rank's process check), and the engines' cells.
 The channel is built already set up (the set-up exchange is proven by the ``mpi`` tier).
+
+The simulator reaches the layer through one seam: each rank's channel is given a
+:class:`~mpinb._collective.runtime.Runtime` of its own (a simulated MPI, the virtual clock, sleeps
+and yields that hand the core to the scheduler, the rank's cell, its held-back Ctrl-C, its fused
+plans, a coarser :class:`~mpinb._collective.runtime.Pace`, and an observer of every protocol step).
+Nothing of the layer is patched. What the simulator still touches: it registers each rank's channel
+in the layer's registry of channels by communicator (``mpinb._collective._channels``: what the
+first collective on a real communicator does, here for channels built already set up) and removes
+them after the run, and it silences the layer's warnings for the run (``warnings.catch_warnings``).
 """
 
 from __future__ import annotations
@@ -37,19 +46,18 @@ from typing import Any
 
 import greenlet
 import numpy as np
+from oracle import CallOutcome, GiveUp, invariant_violations
 
 import mpinb
 from mpinb import _collective
-from mpinb import interrupt as _interrupt
 from mpinb._collective import board as _board
 from mpinb._collective import cells as _cells
 from mpinb._collective import channels as _channels
-from mpinb._collective import fused as _fused
 from mpinb._collective import ops as _ops
 from mpinb._collective import protocol as _p
-from mpinb._collective import texts as _texts
-from mpinb._collective import wait as _wait
+from mpinb._collective.runtime import Pace, Runtime
 from mpinb.errors import CollectiveAbandoned, CollectiveMismatchError, CollectiveTimeout
+from mpinb.interrupt import INTERRUPT_GRACE, Interrupts
 
 TICK = 0.01  # virtual seconds a rank that yields the core waits before it runs again unasked
 IDLE_TICK = 0.05  # an engine idle between cells looks at its notices this often (as ``_IDLE_NOTICES``)
@@ -232,8 +240,9 @@ def _reduce(parts: list[np.ndarray], op: str) -> np.ndarray:
 class SimBoard(_board.Board):
     """The real board's rows over memory; process checks and where-probes answered by the simulator."""
 
-    def __init__(self, sim: Sim, rank: int) -> None:  # noqa: D107 - no file, no signal
+    def __init__(self, sim: Sim, rank: int, runtime: Runtime) -> None:  # noqa: D107 - no file, no signal
         self.sim, self.rank = sim, rank
+        self.runtime, self._time_ns = runtime, runtime.time_ns
         self._own_map = bytearray(_board._WORDS * 8)
         self.mine = memoryview(self._own_map).cast("q")
         self.mine[_board._PID] = 10_000 + rank
@@ -287,34 +296,29 @@ class SimBoard(_board.Board):
         self.sim.revocations.append((gen, note["index"], self.rank, self.sim.now))
 
 
-# -- virtual time ----------------------------------------------------------------------------------
-class FakeTime:
-    """``time`` as the layer sees it: the simulator's clock; sleeping yields to the scheduler."""
-
-    def __init__(self, sim: Sim) -> None:
-        self.sim = sim
-
-    def monotonic(self) -> float:
-        return self.sim.now
-
-    perf_counter = monotonic
-
-    def time(self) -> float:
-        return 1.0e9 + self.sim.now
-
-    def time_ns(self) -> int:
-        return int((1.0e9 + self.sim.now) * 1e9)
-
-    def sleep(self, seconds: float) -> None:
-        self.sim.pause(max(seconds, 1e-6))
+# -- virtual time, and the runtime a simulated rank runs in ------------------------------------------
+#: Coarser waiting than on a real machine: the same decisions, fewer steps.
+PACE = Pace(spin=0.0, yield_for=0.0, first_pause=1e-3, max_pause=0.05, data_spin=0.0)
 
 
-class FakeOS:
-    def __init__(self, sim: Sim) -> None:
-        self.sim = sim
+def rank_runtime(sim: Sim, rank: Rank) -> Runtime:
+    """The process ``rank`` runs in, as the layer sees it: the simulator's MPI and virtual clock,
+    sleeping and yielding hand the core to the scheduler; its own cell, Ctrl-C and plans."""
 
-    def sched_yield(self) -> None:
-        self.sim.pause(TICK)
+    def monotonic() -> float:
+        return sim.now
+
+    def sleep(seconds: float) -> None:
+        sim.pause(max(seconds, 1e-6))
+
+    def refused(*args: Any) -> Any:
+        raise AssertionError("the simulator sends no signal and reads no host")
+
+    return Runtime(mpi=FakeMPI, monotonic=monotonic, wall=lambda: 1.0e9 + sim.now,
+                   time_ns=lambda: int((1.0e9 + sim.now) * 1e9), sleep=sleep, sched_yield=lambda: sim.pause(TICK),
+                   signals=None, kill=refused, hostname=lambda: sim.sc.hosts[rank.r],
+                   affinity=lambda: frozenset(range(64)), cell=lambda: rank.cell, interrupts=Interrupts(monotonic),
+                   notice_after=lambda: None, observer=sim.observe, pace=PACE, plans=rank.plans)
 
 
 # -- programs -----------------------------------------------------------------------------------
@@ -371,6 +375,10 @@ class Scenario:
     raises: list[tuple[int, int]] = field(default_factory=list)
     deaths: list[tuple[int, int]] = field(default_factory=list)
     freezes: dict[tuple[int, int], float] = field(default_factory=dict)
+    # Ctrl-C that a StopFlag holds back for its loop's vote reaches the rank while it waits in a
+    # collective (its runtime's Interrupts, on the virtual clock): the wait ends it after
+    # mpinb.interrupt.INTERRUPT_GRACE if the collective has not completed by then.
+    held: list[tuple[int, int]] = field(default_factory=list)
     script: bool = False  # a batch script: no cells (cell 0), and it catches each collective's error
     # Each cell's steps are one mpinb call (mpinb._collective.collective_call, as mpinb.keras.fit):
     # an error inside it ends the call (in a script, caught after it).
@@ -395,9 +403,8 @@ class Rank:
         self.wake_at = 0.0
         self.dirty = False  # something it may be waiting for happened since it last looked
         self.alive = True
-        self.cell = _cells._NONE
+        self.cell = _cells.Cell(0)  # the cell this rank runs (its runtime's)
         self.plans = _PLANS.setdefault(r, {})  # a rank's fused plans, kept from run to run as in a process
-        self.pending_at: float | None = None
         self.interrupt = False
         self.raise_inside = False
         self.frozen_until = 0.0
@@ -405,21 +412,21 @@ class Rank:
         self.cell_index = 0  # the next cell to run
         self.glet: greenlet.greenlet | None = None
         self.chan: Any = None
-        self.channels: dict[int, Any] = {}  # this rank's mpinb._collective._channels
+        self.runtime = rank_runtime(sim, self)
 
 
 @dataclass
 class Record:
     """What happened in one run, for the invariants."""
 
-    calls: list[_p.CallOutcome] = field(default_factory=list)
+    calls: list[CallOutcome] = field(default_factory=list)
     cell_errors: dict[tuple[int, int], bool] = field(default_factory=dict)
     cell_ended: dict[tuple[int, int], float] = field(default_factory=dict)
     ops_begun: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, cell) -> collectives called
     first_trouble: dict[int, float] = field(default_factory=dict)  # cell -> first raise/give-up/death
     abnormal: list[tuple[int, int, str, float, float]] = field(default_factory=list)  # rank, cell, op, in, out
-    gave_up: list[_p.GiveUp] = field(default_factory=list)
-    rules: set[tuple[int, str]] = field(default_factory=set)
+    gave_up: list[GiveUp] = field(default_factory=list)
+    rules: set[tuple[_p.Phase, str]] = field(default_factory=set)
     errors: dict[tuple[int, int], str] = field(default_factory=dict)
     raised: dict[tuple[int, int], BaseException] = field(default_factory=dict)  # (rank, cell) -> its cell's error
     # (rank, cell) -> what the rank itself did wrong there, when (and how many of its calls had
@@ -450,6 +457,8 @@ class Sim:
         self.raises_left = {(c + 1, r) for c, r in scenario.raises}
         self.deaths_left = {(c + 1, r) for c, r in scenario.deaths}
         self.freezes_left = {(c + 1, r): t for (c, r), t in scenario.freezes.items()}
+        self.held_left = {(c + 1, r) for c, r in scenario.held}
+        self.holds: list[tuple[int, int, str, float]] = []  # rank, cell, call, when a Ctrl-C was held back
         self.ops_in: dict[int, tuple[int, str, float]] = {}  # rank -> (cell, label, entered) of its call
         self.ready_reqs: list[tuple[str, int, int, Req]] = []  # matched, not yet complete for that rank
         self.stopping = False
@@ -517,7 +526,7 @@ class Sim:
                     buf = spec[0]
                     req.apply = (lambda buf=buf: buf.__setitem__(slice(0, joined.size), joined))
         if kind == "allreduce" and _is_arrival(posts[0][1]):
-            neutral = [r for r, (_, a, _) in enumerate(posts) if a[0][0] == np.iinfo(np.int64).max]
+            neutral = [r for r, (_, a, _) in enumerate(posts) if a[0][_p.DIGEST] == np.iinfo(np.int64).max]
             if neutral and len(neutral) < self.n:
                 self.completed_by_abandoner.add(id(inst))
         inst.ready = True
@@ -556,11 +565,9 @@ class Sim:
     def _switch_out(self, rank: Rank) -> None:
         if self.stopping:
             raise Stop
-        rank.cell, rank.plans, rank.pending_at = _cells._current, _fused._plans, _interrupt._pending_at
         self.main.switch()
         if self.stopping:
             raise Stop
-        _swap_in(rank)
 
     # scheduling
     def enabled(self) -> list[tuple]:
@@ -581,7 +588,7 @@ class Sim:
             if state == WAITING and rank.r in self.ops_in:
                 place = (rank.cell.id, rank.r)
                 for kind, left in (("raise", self.raises_left), ("kill", self.deaths_left),
-                                   ("freeze", self.freezes_left)):
+                                   ("freeze", self.freezes_left), ("hold", self.held_left)):
                     if place in left:
                         out.append((kind, rank.r))
         late: list[tuple] = []
@@ -622,6 +629,15 @@ class Sim:
             self.rec.first_trouble.setdefault(rank.cell.id, self.now)
             self.fault(rank, "interrupt")
             self._run(rank)
+        elif kind == "hold":
+            rank = self.ranks[choice[1]]
+            self.note(f"Ctrl-C reaches rank {rank.r}, held back by a stop flag")
+            self.held_left.discard((rank.cell.id, rank.r))
+            rank.runtime.interrupts.note()
+            cell, label, _ = self.ops_in[rank.r]
+            self.holds.append((rank.r, cell, label, self.now))
+            self.fault(rank, "interrupt")
+            rank.dirty = True
         elif kind == "raise":
             rank = self.ranks[choice[1]]
             self.note(f"an exception is raised inside rank {rank.r}'s wait")
@@ -686,7 +702,6 @@ class Sim:
             rank.state = RUNNABLE
         if rank.state != RUNNABLE:
             rank.state = RUNNABLE
-        _swap_in(rank)
         rank.glet.switch()
         self.current = None
 
@@ -783,11 +798,11 @@ class Sim:
     def _build_channels(self) -> None:
         world, ctrl, gen0 = (Context(self, name) for name in ("world", "ctrl", "gen0"))
         self.contexts += [world, ctrl, gen0]
-        boards = {r: SimBoard(self, r) for r in range(self.n)}
+        boards = {r: SimBoard(self, r, self.ranks[r].runtime) for r in range(self.n)}
         hosts = self.sc.hosts
         for rank in self.ranks:
             r = rank.r
-            chan = _channels.Channel(Comm(world, r))
+            chan = _channels.Channel(Comm(world, r), rank.runtime)
             chan.hosts = list(hosts)
             chan.affinity = [frozenset(range(64))] * self.n
             chan.engines = list(range(self.n))
@@ -799,8 +814,9 @@ class Sim:
             chan.crowded = False
             chan.ready = True
             rank.chan = chan
-            # mpinb.allreduce(comm=...) finds the channel by the communicator's handle.
-            rank.channels[chan.parent.handle] = chan
+            # mpinb.allreduce(comm=...) finds the channel by the communicator's handle (unique
+            # in the process: every simulated communicator has its own).
+            _collective._channels[chan.parent.handle] = chan
         self._world = world
 
     def _rank_main(self, rank: Rank) -> None:
@@ -812,8 +828,7 @@ class Sim:
                     self._idle(rank)
                 c = rank.cell_index
                 rank.cell_index += 1
-                cell = _cells.Cell(0 if self.sc.script else c + 1)
-                _cells._current = cell
+                cell = rank.cell = _cells.Cell(0 if self.sc.script else c + 1)
                 if not self.sc.script:
                     chan.on_cell("begin", cell, None)
                 self.note(f"cell {c + 1} begins")
@@ -845,7 +860,7 @@ class Sim:
                         self.reached[r, c + 1] = begun + 1
                         self.inside[r] = (c + 1, begun + 1, "the cell-end comparison", self.now)
                         try:
-                            _collective.cell_end_check()
+                            _collective.cell_end_check(runtime=rank.runtime)
                         finally:
                             self.inside.pop(r, None)
                 except (KeyboardInterrupt, Exception) as err:  # the cell's error, as the engine records it
@@ -860,7 +875,7 @@ class Sim:
                 self.rec.cell_ended[r, c + 1] = self.now
                 if not self.sc.script:
                     chan.on_cell("end", cell, error)
-                _cells._current = _cells._NONE
+                rank.cell = _cells.Cell(0)
                 if c < len(self.cells_ended):
                     self.cells_ended[c].add(r)
             # The engine stays up, idle, passing notes on, until every rank has ended the last cell.
@@ -908,7 +923,7 @@ class Sim:
         try:
             result = mpinb.allreduce([value], comm=rank.chan.parent, timeout=step.timeout)[0]
         except BaseException as err:
-            self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, False, False, began, self.now))
+            self.rec.calls.append(CallOutcome(rank.r, cell, step.label, False, False, began, self.now))
             if isinstance(err, CollectiveTimeout):
                 self._check_named(rank, step.label, err)
             raise
@@ -919,7 +934,7 @@ class Sim:
                 self.rec.overrun = max(self.rec.overrun, self.now - began - step.timeout)
         self.rec.returned[rank.r, cell] = self.rec.returned.get((rank.r, cell), 0) + 1
         right = float(sum(value_of(step.label, q) for q in range(self.n)))
-        self.rec.calls.append(_p.CallOutcome(rank.r, cell, step.label, True, bool(np.all(result == right)),
+        self.rec.calls.append(CallOutcome(rank.r, cell, step.label, True, bool(np.all(result == right)),
                                              began, self.now))
 
     def _check_named(self, rank: Rank, label: str, err: CollectiveTimeout) -> None:
@@ -937,7 +952,11 @@ class Sim:
             who = f"rank {self.current.r}" if self.current is not None else "network"
             self.log.append(f"{self.now:8.4f} {who}: {text}")
 
-    def observe(self, op: Any, rule: _p.Rule) -> None:
+    def observe(self, op: Any, phase: _p.Phase, event: str, rule: _p.Rule | None) -> None:
+        if rule is None:  # the step raises ProtocolError: a handler of the layer or the cell may catch it
+            self.protocol_errors.append(f"mpinb's collective protocol has no step {event!r} from phase "
+                                        f"{phase.text!r}")
+            return
         self.rec.rules.add((rule.phase, rule.event))
         if rule.phase == _p.MOVING and rule.event not in ("finish", "fail") and op is not None and op.comm is not None:
             # MPI cannot cancel a collective: the messages of an operation given up while its data
@@ -945,8 +964,9 @@ class Sim:
             self.moving_abandoned.add(op.comm.ctx.name)
         if self.log is not None and op is not None:
             gen = getattr(op.gen, "number", None)
-            self.note(f"{op.name} gen {gen} #{op.index} cell {op.cell}: {_p.PHASES[rule.phase]} --{rule.event}--> "
-                      + (_p.PHASES[rule.to] if rule.to is not None else _p.OUTCOMES[rule.outcome]))
+            target = rule.to if rule.to is not None else rule.outcome
+            self.note(f"{op.name} gen {gen} #{op.index} cell {op.cell}: {rule.phase.text} --{rule.event}--> "
+                      + (target.text if target is not None else "?"))
         if op is None or self.current is None:
             return
         rank = self.current
@@ -965,13 +985,20 @@ class Sim:
             self.rec.abnormal.append((rank.r, cell, label, entered, self.now))
             if rule.event in ("deadline", "interrupt", "raise"):
                 self.rec.first_trouble.setdefault(cell, self.now)
-                self.rec.gave_up.append(_p.GiveUp(rank.r, cell, label, self.now))
+                self.rec.gave_up.append(GiveUp(rank.r, cell, label, self.now))
 
     # the guarantees, at the end of a run
     def _check_end(self) -> None:
         rec = self.rec
         dead = any(not r.alive for r in self.ranks)
-        problems = _p.invariant_violations(rec.calls, rec.cell_errors, {}, BOUND, rec.gave_up, _ops._AWAY)
+        problems = invariant_violations(rec.calls, rec.cell_errors, {}, BOUND, rec.gave_up, _ops._AWAY)
+        # A Ctrl-C held back by a stop flag ends the wait it came in within the grace (the rank
+        # stops, rather than keep waiting for a rank stuck elsewhere), unless the call ended first.
+        for r, cell, label, at in self.holds:
+            ended = max((c.ended for c in rec.calls if (c.rank, c.cell, c.label) == (r, cell, label)), default=None)
+            if ended is not None and ended - at > INTERRUPT_GRACE + BOUND:
+                problems.append(f"rank {r}'s {label} (cell {cell}) ended {ended - at:.2f} s after a Ctrl-C held back "
+                                f"by a stop flag (grace {INTERRUPT_GRACE:g} s, bound {BOUND:g} s)")
         # Released in time: an operation that did not complete ended within the bound of the first
         # trouble in its cell (a raise, a give-up, a death, or a rank that left the cell with fewer
         # collectives than another).
@@ -1044,12 +1071,6 @@ class Sim:
         return found
 
 
-def _swap_in(rank: Rank) -> None:
-    """The module state that is per process in real life, made this rank's."""
-    _cells._current, _fused._plans, _interrupt._pending_at = rank.cell, rank.plans, rank.pending_at
-    _collective._channels = rank.channels
-
-
 def _is_arrival(args: tuple) -> bool:
     data = args[0]
     return args[2] == FakeMPI.MIN and data.dtype == np.int64 and data.shape == (_p.WORDS,)
@@ -1063,66 +1084,14 @@ def _all_dups(ctx: Context) -> list[Context]:
     return out
 
 
-# -- patching the layer onto the simulation ------------------------------------------------------
-class Patched:
-    """Points the layer's MPI, clock and sleeps at a :class:`Sim` (and back, on exit)."""
-
-    def __init__(self, sim: Sim) -> None:
-        self.sim = sim
-        self.saved: list[tuple[Any, str, Any]] = []
-
-    def set(self, obj: Any, name: str, value: Any) -> None:
-        self.saved.append((obj, name, getattr(obj, name)))
-        setattr(obj, name, value)
-
-    def __enter__(self) -> Patched:
-        sim, clock = self.sim, FakeTime(self.sim)
-        for module in (_channels, _ops, _wait):
-            self.set(module, "MPI", FakeMPI)
-        for module in (_channels, _ops, _wait, _texts, _board, _cells):
-            self.set(module, "time", clock)
-        self.set(_wait, "os", FakeOS(sim))
-        # Coarser waiting than on a real machine: the same decisions, fewer steps.
-        for module in (_channels, _ops, _wait):
-            self.set(module, "SPIN", 0.0)
-        for name, value in (("_DATA_SPIN", 0.0), ("_YIELD", 0.0), ("_FIRST_PAUSE", 1e-3), ("_MAX_PAUSE", 0.05)):
-            self.set(_wait, name, value)
-        self.set(_ops, "_MPI_OPS", {"sum": FakeMPI.SUM, "min": FakeMPI.MIN, "max": FakeMPI.MAX})
-        self.set(_ops, "_notice_cache", ("", None))  # no waiting notices on stderr
-        self.set(_ops, "_notice_after", lambda: None)
-        self.set(_p, "observer", sim.observe)
-        step = _p.step
-
-        def checked_step(phase: int, event: str, op: Any = None) -> _p.Rule:
-            try:
-                return step(phase, event, op)
-            except _p.ProtocolError as err:
-                sim.protocol_errors.append(str(err))
-                raise
-
-        self.set(_p, "step", checked_step)
-        self.set(_cells, "_current", _cells._NONE)
-        self.set(_fused, "_plans", {})
-        self.set(_collective, "_channels", {})
-        self.set(_interrupt, "_pending_at", None)
-        self._warnings = warnings.catch_warnings()
-        self._warnings.__enter__()
-        warnings.simplefilter("ignore")
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._warnings.__exit__(*exc)
-        for obj, name, value in reversed(self.saved):
-            setattr(obj, name, value)
-
-
 def run_schedule(scenario: Scenario, chooser: Any,
                  log: list[str] | None = None) -> tuple[Record | None, str | None, int]:
     """Run ``scenario`` once under ``chooser``: (record, violation text or None, steps); with ``log``,
     what happened, step by step, is appended to it."""
     sim = Sim(scenario, chooser)
     sim.log = log
-    with Patched(sim):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         try:
             record = sim.run()
             return record, None, sim.steps
@@ -1131,3 +1100,6 @@ def run_schedule(scenario: Scenario, chooser: Any,
         finally:
             sim.rec.seconds = sim.now
             sim.stop()
+            for rank in sim.ranks:
+                if rank.chan is not None:
+                    _collective._channels.pop(rank.chan.parent.handle, None)

@@ -84,6 +84,12 @@ def faults(n: int) -> list[tuple[str, object]]:
         cells[0][last].insert(rng.randrange(3), Compute(0.5))
         return {"interrupts": [(0, r) for r in range(n)]}
 
+    def held_ctrl_c(cells, rng):
+        # A loop's stop flag holds Ctrl-C back for the next vote, which never comes while a rank
+        # computes elsewhere: the wait ends it after INTERRUPT_GRACE (5 s), in virtual time.
+        cells[0][last].insert(rng.randrange(2), Compute(7.0))
+        return {"held": [(0, 0)]}
+
     def stop_button_queued(cells, rng):
         settings = stop_button(cells, rng)
         return {**settings, "queued": True}
@@ -158,6 +164,7 @@ def faults(n: int) -> list[tuple[str, object]]:
             ("many late past a deadline", many_late_past_deadline),
             ("late within a deadline", late_within_deadline), ("interrupt one", interrupt_one),
             ("stop button", stop_button), ("stop button, next cell queued", stop_button_queued),
+            ("Ctrl-C held by a stop flag, a rank computing", held_ctrl_c),
             ("raise, next cell queued", raise_queued), ("dies", dies),
             ("different shapes", different_shapes), ("raise inside", raise_inside), ("dies inside", dies_inside),
             ("frozen inside, others under a deadline", frozen_inside),

@@ -1,11 +1,15 @@
-"""The protocol model tier: mpinb's collective layer driven over every ordering, with faults.
+"""The protocol model tier: mpinb's collective layer driven over many orderings, with faults.
 
 ``python3 tests/run.py --tier model``. The simulator (:mod:`protocol_sim`) runs the real layer over
-simulated ranks; this file explores schedules of every fault scenario (:mod:`scenarios`) --
-exhaustively to a bounded depth at 2 and 3 ranks, by seeded random walks at 4 to 16 -- and checks
-that every seeded bug (:mod:`mutants`) is caught. Each schedule runs within a budget of steps and
-virtual time (see :mod:`protocol_sim`), so a bug that makes the protocol slow is reported as a
-violation, not as the tier's timeout. It ends with one line:
+simulated ranks; this file explores schedules of every fault scenario (:mod:`scenarios`) and checks
+that every seeded bug (:mod:`mutants`) is caught. The search is a sample, not every ordering: at 2
+and 3 ranks a bounded exhaustive search (every combination of the first 7, resp. 6, branching
+choices, depth first, later choices taking the first option, up to a budget of schedules per
+scenario; :func:`explore.exhaustive`), then seeded random walks at 4, 5, 8 and 16 ranks (every
+choice drawn; :func:`explore.random_walks`). An ordering that differs only after the depth is met
+at 2 and 3 ranks only if a walk at 4 or more happens to make it. Each schedule runs within a budget
+of steps and virtual time (see :mod:`protocol_sim`), so a bug that makes the protocol slow is
+reported as a violation, not as the tier's timeout. It ends with one line:
 ``model: N schedules, 0 violations, M of M mutants caught``.
 
 ``MPINB_MODEL_SCHEDULES`` scales the search (default 100,000 schedules asked for: the exhaustive
@@ -71,7 +75,10 @@ def _walk_jobs(count: int) -> list[tuple]:
     return jobs
 
 
-def test_the_protocol_holds_in_every_explored_schedule() -> None:
+@pytest.fixture(scope="module")
+def exploration() -> list[tuple]:
+    """The exploration, run once for the tests that read it, whichever runs first or alone: the
+    violations found, as (job, finding) pairs; the rules taken go to ``SUMMARY["rules"]``."""
     t0 = time.monotonic()
     results = _pool_map(_exhaustive_jobs(TARGET))
     # The exhaustive searches end early where a small world has fewer orderings: the walks make up
@@ -86,15 +93,18 @@ def test_the_protocol_holds_in_every_explored_schedule() -> None:
     SUMMARY["schedules"] += sum(r["schedules"] for r in results)
     SUMMARY["violations"] += len(found)
     SUMMARY["seconds"] = time.monotonic() - t0
+    return found
+
+
+def test_the_protocol_holds_in_every_explored_schedule(exploration: list[tuple]) -> None:
+    found = exploration
     report = "\n".join(f"[{name}] {violation}\n    replay: replay(build{job[1:5]}, {choices})"
                        for job, (name, violation, choices, _) in found[:10])
     assert not found, f"{len(found)} scenario(s) violate the protocol's guarantees:\n{report}"
 
 
-def test_every_rule_of_the_table_is_exercised() -> None:
-    if not SUMMARY["rules"]:
-        pytest.skip("runs after the exploration")
-    unused = [f"{_p.PHASES[r.phase]} --{r.event}-->" for r in _p.RULES if (r.phase, r.event) not in SUMMARY["rules"]]
+def test_every_rule_of_the_table_is_exercised(exploration: list[tuple]) -> None:
+    unused = [f"{r.phase.text} --{r.event}-->" for r in _p.RULES if (r.phase, r.event) not in SUMMARY["rules"]]
     assert not unused, f"rules of the protocol table no explored schedule took: {unused}"
 
 
@@ -237,3 +247,55 @@ def test_a_schedule_past_its_budget_is_a_violation() -> None:
     assert replay(scenario, choices) is None
     with MUTANTS["a revocation not passed on down the tree"]():
         assert (replay(scenario, choices) or "").startswith("over budget: 4,000 steps")
+
+
+def test_the_waits_run_on_the_runtimes_clock() -> None:
+    """The seam: a channel whose waits read the process's clock instead of its runtime's runs
+    outside virtual time, and its deadline never passes there."""
+    scenario = build(2, "late past a deadline", "own hosts", 0)
+    assert replay(scenario, []) is None
+    with MUTANTS["the waits timed by the process's clock, not the runtime's"]():
+        assert "after its deadline" in (replay(scenario, []) or "")
+
+
+def test_the_simulator_patches_nothing_of_the_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seam: in the middle of a run, every module of the layer holds what it held before (the
+    simulated ranks reach it through their runtimes), but for the channels registered by handle."""
+    import sys
+
+    import protocol_sim
+
+    def snapshot() -> dict[str, dict[str, int]]:
+        return {name: {key: id(value) for key, value in vars(module).items()} for name, module in sys.modules.items()
+                if name.startswith("mpinb._collective") or name == "mpinb.interrupt"}
+
+    before, during = snapshot(), []
+    observe = protocol_sim.Sim.observe
+
+    def watching(self: protocol_sim.Sim, *args: object) -> None:
+        if not during:
+            during.append(snapshot())
+        observe(self, *args)
+
+    monkeypatch.setattr(protocol_sim.Sim, "observe", watching)
+    assert run_schedule(build(3, "raise inside", "own hosts", 0), Chooser([]))[1] is None
+    assert during, "no step was observed"
+    changed = {name: sorted(key for key in attrs if during[0][name].get(key) != attrs[key])
+               for name, attrs in before.items()}
+    assert not {name: keys for name, keys in changed.items() if keys}
+
+
+def test_a_ctrl_c_held_back_by_a_stop_flag_ends_the_wait_after_the_grace_in_virtual_time() -> None:
+    """The seam lets the model reach the interrupt grace of ``wait.poll``: rank 0's stop flag holds
+    Ctrl-C back while it waits for rank 2, which computes for 7 s; its own runtime's Interrupts, on
+    the virtual clock, end the wait 5 s later, and the others raise with it."""
+    import random
+
+    scenario = build(3, "Ctrl-C held by a stop flag, a rank computing", "one host", 1)
+    log: list[str] = []
+    record, violation, _ = run_schedule(scenario, Chooser(rng=random.Random(100_000)), log)
+    assert violation is None, violation
+    assert record.errors[0, 1].startswith("KeyboardInterrupt: interrupted on rank 0"), record.errors
+    held = next(float(line.split()[0]) for line in log if "held back by a stop flag" in line)
+    ended = next(float(line.split()[0]) for line in log if "rank 0: cell 1 ends" in line)
+    assert 5.0 <= ended - held <= 5.1
