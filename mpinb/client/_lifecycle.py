@@ -131,6 +131,10 @@ class Owned:
 
     def stop(self, mc: ClusterHandle) -> None:
         pids = tracked_pids(mc)
+        # The world's files are known from start only once its engines were identified: a start
+        # that failed after MPI_Init (a shadowed mpinb, too few GPUs) left MPICH's segments in
+        # /dev/shm, 2 MiB each. Read them from whatever of the world still runs now.
+        self.leftovers |= shared_memory_of(pids) | launcher_files_of(pids)
         mc._disconnect()
         if mc.cluster is not None:
             if self.slurm is not None:  # engines on other nodes: only Slurm can end them
