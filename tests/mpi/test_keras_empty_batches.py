@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from support.keras_reference import spike as spike_layer
 from support.mpitools import assert_everywhere, assert_same_everywhere
 
 keras = pytest.importorskip("keras")
@@ -109,28 +110,12 @@ def mlp(seed: int, steps_per_execution: int = 1, *, spike: float = 1.0):
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((16,)), keras.layers.Dense(16, activation="relu")]
     if spike != 1.0:
-        layers.append(Spike(spike))
+        layers.append(spike_layer(spike))
     model = keras.Sequential([*layers, keras.layers.Dense(2, activation="softmax")])
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
                   steps_per_execution=steps_per_execution)
     return model
 
-
-class Spike(keras.layers.Layer):
-    """The identity forward; backward, the gradient times ``factor`` (infinite: a non-finite gradient)."""
-
-    def __init__(self, factor: float, **kwargs):
-        super().__init__(**kwargs)
-        self.factor = factor
-
-    def call(self, x):
-        import tensorflow as tf
-
-        @tf.custom_gradient
-        def spike(v):
-            return tf.identity(v), lambda g: g * tf.cast(self.factor, g.dtype)
-
-        return spike(x)
 
 
 @pytest.mark.mpi_sizes(2, 3)

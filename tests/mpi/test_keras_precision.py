@@ -8,7 +8,7 @@ import pytest
 from mpi4py import MPI
 
 import mpinb
-from support.keras_reference import once, relative_error, snapshot, weights_of
+from support.keras_reference import once, relative_error, snapshot, spike, weights_of
 from support.mpitools import assert_everywhere, assert_same_everywhere
 
 keras = pytest.importorskip("keras")
@@ -84,23 +84,6 @@ def test_a_mixed_precision_fit_equals_one_process_under_the_same_policy(policy, 
     np.testing.assert_allclose(history["loss"], ref_loss, rtol=tolerance)
 
 
-class Spike(keras.layers.Layer):
-    """The identity forward; backward, the gradient times ``factor``: a non-finite gradient on
-    one rank, with a finite loss (as when a loss scale overflows float16 there alone)."""
-
-    def __init__(self, factor: float, **kwargs):
-        super().__init__(**kwargs)
-        self.factor = factor
-
-    def call(self, x):
-        import tensorflow as tf
-
-        @tf.custom_gradient
-        def spike(v):
-            return tf.identity(v), lambda g: g * tf.cast(self.factor, g.dtype)
-
-        return spike(x)
-
 
 @pytest.mark.parametrize("policy", ["mixed_float16"], indirect=True)
 def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(policy, packing):
@@ -108,7 +91,7 @@ def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(policy, 
     Xl, yl = mpinb.shard(X, y)
     keras.utils.set_random_seed(4)
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16, activation="relu"),
-                              Spike(np.inf if RANK == SIZE - 1 else 1.0),
+                              spike(np.inf if RANK == SIZE - 1 else 1.0),
                               keras.layers.Dense(4, activation="softmax")])
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
     scale = float(model.optimizer.initial_scale)

@@ -6,6 +6,7 @@ here communicates except :func:`once`; Keras and TensorFlow are imported only by
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 import mpinb
 
 __all__ = ["fresh", "once", "proportional_batches", "proportional_reference", "relative_error", "sharded_order",
-           "sharded_reference", "snapshot", "weights_of"]
+           "sharded_reference", "snapshot", "spike", "weights_of"]
 
 # One compiled reference model per architecture and optimizer, per process (see ``fresh``).
 _REUSED: dict[str, tuple[Any, list[np.ndarray]]] = {}
@@ -207,3 +208,30 @@ def proportional_reference(model, X, y, batches: Sequence[Sequence[np.ndarray]],
 
 def _is_float(variable) -> bool:
     return np.dtype(str(variable.dtype)).kind == "f"
+
+
+def spike(factor: float) -> Any:
+    """A layer: the identity forward; backward, the gradient times ``factor``. Infinite on one rank:
+    a non-finite gradient there with a finite loss (as when a loss scale overflows float16 there alone)."""
+    return _spike_class()(factor)
+
+
+@functools.cache
+def _spike_class() -> Any:
+    import keras
+
+    class Spike(keras.layers.Layer):
+        def __init__(self, factor: float, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.factor = factor
+
+        def call(self, x: Any) -> Any:
+            import tensorflow as tf
+
+            @tf.custom_gradient
+            def identity(v: Any) -> Any:
+                return tf.identity(v), lambda g: g * tf.cast(self.factor, g.dtype)
+
+            return identity(x)
+
+    return Spike

@@ -510,3 +510,17 @@ def _killpg(pgid: int) -> None:
 def _last_line(text: str) -> str:
     lines = [line for line in (text or "").strip().splitlines() if line.strip()]
     return lines[-1] if lines else "(no message)"
+
+
+def answers(address: str, port: int) -> bool:
+    """Whether a TCP connection to ``address:port`` (IPv4 or IPv6) is accepted within a second: a
+    listener filtered to loopback lets a connection from another address time out."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect((address, port))
+        except TimeoutError:
+            return False
+        return True

@@ -11,6 +11,8 @@ from typing import Any
 import psutil
 import pytest
 
+from support.netsim import answers
+
 _CHILD = """
 import os, sys
 from mpinb._listeners import confine_inherited_listeners
@@ -29,15 +31,6 @@ def _outside_addresses() -> list[str]:
             if a.family == socket.AF_INET and not a.address.startswith("127.")]
 
 
-def _answers(address: str, port: int) -> bool:
-    with socket.socket() as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect((address, port))
-        except TimeoutError:
-            return False
-        return True
-
 
 def _after_child(argv: Callable[[int], list[str]], outside: list[str]) -> tuple[Any, bool, list[bool]]:
     """Run ``argv(fd)`` holding a wildcard listener as Hydra's port reaches an engine (the same
@@ -50,7 +43,7 @@ def _after_child(argv: Callable[[int], list[str]], outside: list[str]) -> tuple[
         port = server.getsockname()[1]
         child = subprocess.run(argv(server.fileno()), pass_fds=[server.fileno()], capture_output=True, text=True,
                                timeout=60, check=True)
-        return child, _answers("127.0.0.1", port), [_answers(address, port) for address in outside]
+        return child, answers("127.0.0.1", port), [answers(address, port) for address in outside]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket filters are Linux's")

@@ -11,6 +11,7 @@ import pytest
 
 from mpinb._listeners import confine_listeners_of
 from mpinb.client._ipp import engine_deaths
+from support.netsim import answers
 
 NANNIES = ("2026-12-07 13:39:17.936 [KernelNanny.1] Pipe closed, parent 4712 has status: zombie\n"
            "2026-12-07 13:39:18.451 [KernelNanny.0] Pipe closed, parent 4711 has status: None\n")
@@ -42,15 +43,6 @@ time.sleep(60)
 """
 
 
-def _answers(address: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect((address, port))
-        except TimeoutError:
-            return False
-        return True
-
 
 def test_a_child_s_wildcard_listeners_answer_loopback_alone() -> None:
     outside = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
@@ -61,11 +53,11 @@ def test_a_child_s_wildcard_listeners_answer_loopback_alone() -> None:
     try:
         port4, port6 = (int(p) for p in child.stdout.readline().split())  # type: ignore[union-attr]
         assert confine_listeners_of(child.pid) == 2
-        assert _answers("127.0.0.1", port4) and _answers("127.0.0.1", port6) and _answers("::1", port6)
+        assert answers("127.0.0.1", port4) and answers("127.0.0.1", port6) and answers("::1", port6)
         for address in outside:
             if ":" not in address:
-                assert not _answers(address, port4), address
-            assert not _answers(address, port6), address
+                assert not answers(address, port4), address
+            assert not answers(address, port6), address
     finally:
         child.kill()
         child.wait()
