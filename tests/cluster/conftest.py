@@ -6,7 +6,6 @@ import atexit
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import psutil
@@ -40,51 +39,9 @@ def cluster_processes() -> list[psutil.Process]:
 def no_cluster_left_behind():
     """After each module, even a failing one, no cluster process of ours may remain (module scope:
     set up before, and so torn down after, the module's shared cluster fixtures)."""
-    began = time.time()
     yield
     left = cluster_processes()
     gone, alive = psutil.wait_procs(left, timeout=10)
     for proc in alive:
         proc.kill()
     assert not alive, f"processes left running: {[p.pid for p in alive]}"
-    orphans = _orphan_segments(began)
-    for path in orphans:
-        os.unlink(path)
-    assert not orphans, f"MPI shared-memory segments left in /dev/shm: {orphans}"
-
-
-def _orphan_segments(since: float, settle: float = 10.0) -> list[str]:
-    """MPICH's segments made since ``since`` that no process maps, and still there ``settle``
-    seconds on: a world whose ranks died, which the cluster's stop had to remove. Segments of a
-    cluster another test process runs meanwhile (the tier runs in two shards side by side) are
-    mapped, or removed by their owner within the settling time."""
-    deadline = time.monotonic() + settle
-    while True:
-        try:
-            made = {os.path.join("/dev/shm", n) for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")}
-        except OSError:
-            return []
-        made = {p for p in made if _mtime(p) >= since - 1}
-        orphans = sorted(made - _mapped())
-        if not orphans or time.monotonic() > deadline:
-            return orphans
-        time.sleep(0.5)
-
-
-def _mtime(path: str) -> float:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return 0.0
-
-
-def _mapped() -> set[str]:
-    found = set()
-    for pid in psutil.pids():
-        try:
-            with open(f"/proc/{pid}/maps") as maps:
-                found.update(line.split(maxsplit=5)[-1].strip().removesuffix(" (deleted)")
-                             for line in maps if "/dev/shm/" in line)
-        except OSError:
-            continue
-    return found
