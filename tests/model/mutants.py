@@ -160,4 +160,6 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         _channels.Channel, "__init__", _channel_on_the_process_clock),
     "a Ctrl-C held back by a stop flag never ending the wait": lambda: _patched(
         _wait, "INTERRUPT_GRACE", float("inf")),
+    "a rank that raised between two operations in a script telling no one": lambda: _patched(
+        _channels.Channel, "raised_between", lambda self, error, where: None),
 }
