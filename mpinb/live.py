@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpinb import _progress
+
 __all__ = ["KEY", "Progress", "Watch", "publish", "watch"]
 
 KEY = "mpinb_progress"
@@ -75,6 +77,7 @@ class Progress:
         self._last_sent = 0.0
         self._enabled = _data_publisher() is not None and _rank(comm) == 0
         self._run = f"{kind}-{time.time_ns()}"
+        _progress.fit_begin(kind, total, self._run)  # every rank's own state, for the rank panel
 
     def update(self, step: int, **metrics: float) -> None:
         """Record ``metrics`` at ``step`` and publish if the rate limit allows."""
@@ -82,11 +85,19 @@ class Progress:
         self.steps.append(self.step)
         for name, value in metrics.items():
             self.series.setdefault(name, []).append(float(value))
+        _progress.fit_update(self.kind, self.step, self.total, self._run, metrics)
         if self._enabled and time.monotonic() - self._last_sent >= self.min_interval:
             self._send(done=False)
 
+    def batch(self, done: int, steps: int | None = None, logs: Any = None) -> None:
+        """A train step ended: ``done`` steps of ``steps`` in this epoch, ``logs`` the step's metrics
+        (read only when the rank panel publishes). Local; every rank calls it, nothing is sent here:
+        the rank panel (:meth:`mpinb.MPICluster.monitor`) measures each step's compute, exchange and wait."""
+        _progress.batch(self._run, self.kind, self.total, done, steps, logs)
+
     def close(self) -> None:
         """Publish the final state."""
+        _progress.fit_done(self._run)
         if self._enabled:
             self._send(done=True)
 

@@ -6,11 +6,11 @@ import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpinb import _engine, _roles, _shadow
+from mpinb import _engine, _progress, _roles, _shadow
 from mpinb.client import _health, _targets
 from mpinb.client._exits import ExitOrder
 from mpinb.client._health import Health
@@ -18,6 +18,9 @@ from mpinb.client._ipp import group_composite_errors, stamp_cells
 from mpinb.client._lifecycle import Joined, Owned, tracked_pids
 from mpinb.client._options import LaunchOptions
 from mpinb.client._tracebacks import remember_ranks
+
+if TYPE_CHECKING:
+    from mpinb.client.monitor import RankMonitor
 
 __all__ = ["Health", "MPICluster"]
 
@@ -116,6 +119,7 @@ class MPICluster:
         self._since = ""  # when its engines were last identified (the name %%px notices give it)
         self._restarting = False
         self._path: Owned | Joined = Owned(options)  # connect() makes it Joined
+        self._monitor: Any = None  # the rank panel, made by monitor()
         if start:
             self.start()
 
@@ -277,6 +281,23 @@ class MPICluster:
             except Exception:  # noqa: BLE001 - an engine gone meanwhile (healthy() names it); the others got theirs
                 pass
 
+    def monitor(self) -> RankMonitor:
+        """The live rank panel: one row per MPI rank with what it does now (idle, its cell's line,
+        the collective it waits in and for whom, or computing outside mpinb), its fit's progress,
+        its last step's compute / exchange / wait, its memory, and the slowest rank marked. Client.
+
+        Displayed in a notebook it refreshes twice a second while cells run and freezes when they
+        end; ``print`` gives the same rows as text. The ranks publish their state themselves from
+        a thread, so the panel works while a cell runs and never queues work behind one.
+        """
+        from mpinb.client.monitor import RankMonitor
+
+        if self.client is None:
+            raise RuntimeError("monitor() needs a running cluster; this MPICluster is stopped: start() it first.")
+        if self._monitor is None:
+            self._monitor = RankMonitor(self)
+        return self._monitor
+
     def __enter__(self) -> MPICluster:
         return self._path.enter(self)
 
@@ -378,6 +399,7 @@ class MPICluster:
         self.client._mpinb_tell = _weak_tell(self)
         # mpinb's collective set-up (and each rank's thread budget) now, on every engine together.
         self._devices = list(self.view.apply_sync(_engine.set_up, self._path.started_by_mpinb, self._path.one_machine))
+        self.view.apply_sync(_progress.start)  # each rank publishes its state for monitor(), from now on
         if self._path.started_by_mpinb:  # a rank killed by a fatal signal names it, and its last words (deaths())
             from mpinb.client._engine_output import fatal_signals_to_launcher, grab_fd
             from mpinb.client._launcher_output import relays_of

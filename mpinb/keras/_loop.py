@@ -70,6 +70,7 @@ class FitLoop(keras.callbacks.Callback):
         done = int(batch) + 1
         self._since_average += done - self._steps_done
         self._steps_done = done
+        self.progress.batch(done, (self.params or {}).get("steps"), logs)  # the rank panel's step (mpinb._progress)
         if self.strategy == "weights" and self._since_average >= self.average_every:
             self._average_weights()
 
