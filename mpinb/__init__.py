@@ -28,11 +28,13 @@ _LAZY = {
     "plot_loss": "mpinb.client.plotting",
     "plot_speedup": "mpinb.client.plotting",
     "plot_timing": "mpinb.client.plotting",
+    "report": "mpinb.client.report",
 }
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; nothing loads at run time
     from mpinb.client import MPICluster
     from mpinb.client.plotting import plot_clusters, plot_inertia, plot_loss, plot_speedup, plot_timing
+    from mpinb.client.report import report
     from mpinb.decomposition import PCA
     from mpinb.kmeans import KMeans, MiniBatchKMeans
     from mpinb.preprocessing import StandardScaler
@@ -62,6 +64,7 @@ __all__ = [
     "plot_speedup",
     "plot_timing",
     "raise_together",
+    "report",
     "rprint",
     "set_collective_timeout",
     "shard",

@@ -49,6 +49,8 @@ class _State:
         self.batches = False  # the fit marks train steps (Keras batches); its epochs only count
         self.logs: Any = None  # the last batch's logs (Keras's dict), read only when publishing
         self.history: deque[tuple[Any, ...]] = deque(maxlen=HISTORY)
+        self.memory: deque[tuple[float, int]] = deque(maxlen=HISTORY)  # (time, bytes) at each message
+        self.curves: deque[tuple[Any, ...]] = deque(maxlen=HISTORY)  # (fit, kind, step, metrics) per update
         self.seq = 0
         self.active = False  # start() was called: the fits' hooks record
         self.cells = 0  # cells begun on this engine since start(): the number the panel shows
@@ -169,6 +171,7 @@ def fit_update(kind: str, step: int, total: int | None, run: str, metrics: dict[
         fit = s.fit
         assert fit is not None
     fit["step"], fit["metrics"] = int(step), metrics
+    s.curves.append((s.fits, kind, int(step), metrics))
     if not s.batches:
         _mark(kind, int(step), metrics.get(kind, metrics.get("loss")))
 
@@ -222,6 +225,8 @@ def snapshot() -> dict[str, Any]:
                            "time": time.time(), "cell": s.cells if cell.id else 0, "where": None, "op": None,
                            "running_for": time.monotonic() - s.cell_began if cell.id else None,
                            "rss": _rss(), "fit": None, "recent": list(s.history)[-_RECENT:]}
+    if out["rss"] is not None:
+        s.memory.append((out["time"], out["rss"]))
     if cell.id:
         out["where"] = _where()
         op = s.op
@@ -241,7 +246,7 @@ def history() -> dict[str, Any]:
     s = _state
     return {"rank": s.rank, "host": s.host, "rss": _rss(),
             "fields": ["fit", "kind", "step", "time", "compute", "exchange", "wait", "value"],
-            "steps": list(s.history)}
+            "steps": list(s.history), "memory": list(s.memory), "curves": list(s.curves)}
 
 
 def _op_state(op: Any) -> dict[str, Any]:

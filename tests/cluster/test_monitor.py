@@ -10,6 +10,7 @@ afterwards leaves its iterations and inertia in the frozen rows.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import mpinb
 
@@ -31,7 +32,7 @@ STEPS = 12
 HANG = 120.0  # seconds: a cell still running this long counts as hung
 
 
-def test_the_panel_names_the_straggler_while_the_cell_runs() -> None:
+def test_the_panel_names_the_straggler_while_the_cell_runs(tmp_path: Path) -> None:
     with mpinb.MPICluster(n=3) as cluster:
         panel = cluster.monitor()
         assert panel is cluster.monitor()
@@ -61,6 +62,13 @@ def test_the_panel_names_the_straggler_while_the_cell_runs() -> None:
         assert all(r["progress"] == f"epoch {STEPS} of {STEPS}, loss 0.08333 (done)" for r in rows), frozen[0]
         assert rows[2]["slowest"] and rows[2]["split"][0] > rows[0]["split"][0]
         print("the panel after the cell ended:\n" + frozen[0])
+
+        page = mpinb.report(tmp_path / "run.html", cluster).read_text()
+        assert page.count("<svg") == 4 and "<script" not in page
+        summary = page[page.index("<table class='summary'>"):page.index("</table>")]
+        assert summary.count("<tr>") == 4, summary
+        slow_in = [int(row.split("<td>")[7].split("<")[0]) for row in summary.split("<tr>")[2:]]
+        assert slow_in[2] >= STEPS - 2 and max(slow_in[:2]) <= 2, summary  # rank 2, in (nearly) every step
 
         cluster.view.execute("X, _ = mpinb.data.make_blobs(3000, n_features=4, centers=5, random_state=0)\n"
                              "km = mpinb.KMeans(5, n_init=1, random_state=0).fit(X)")

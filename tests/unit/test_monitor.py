@@ -198,3 +198,40 @@ def test_the_monitor_reads_rank_order_from_the_messages_not_engine_ids() -> None
     assert all(r["state"] == "idle" for r in table)  # no request outstanding: every cell has ended
     assert repr(panel).splitlines()[0].startswith("rank")
     assert panel._repr_html_().count("<tr style=") == 3
+
+
+def _histories(steps: int = 6) -> list[dict[str, Any]]:
+    out = []
+    for rank in range(3):
+        records = [(1, "loss", n, 1000.0 + 0.5 * n, 0.45 if rank == 2 else 0.02, 0.001, 0.0 if rank == 2 else 0.43,
+                    None) for n in range(1, steps + 1)]
+        memory = [(1000.0 + t, (100 + 10 * rank + t) * 2**20) for t in range(4)]
+        curves = [(1, "loss", n, {"loss": 1.0 / n}) for n in range(1, steps + 1)]
+        out.append({"rank": rank, "host": "h", "rss": 120 * 2**20, "steps": records, "memory": memory,
+                    "curves": curves})
+    return out
+
+
+def test_the_report_names_the_straggler_of_every_step() -> None:
+    from mpinb.client.report import stragglers
+
+    slow = stragglers(_histories())
+    assert [k for k, _ in slow] == [(1, "loss", n) for n in range(1, 7)]
+    assert {r for _, r in slow} == {2}
+    assert stragglers(_histories()[:1]) == []
+
+
+def test_the_report_is_one_self_contained_page() -> None:
+    pytest.importorskip("matplotlib")
+    from mpinb.client.report import render
+
+    page = render(_histories(), title="three ranks")
+    assert page.startswith("<!DOCTYPE html>") and "<title>three ranks</title>" in page
+    assert page.count("<svg") == 4  # timelines, stragglers, memory, curves
+    for outside in ("<script", "<link", " src=", "<img", "url(http", "href=\"http"):
+        assert outside not in page, outside
+    summary = page[page.index("<table class='summary'>"):page.index("</table>")]
+    assert summary.count("<tr>") == 4  # the header and one row per rank
+    assert "<td>2</td><td>h</td><td>6</td><td>2.70 s</td>" in summary and "<td>6</td><td>123 MiB</td>" in summary
+    timeline = page[page.index("Per-rank timeline"):page.index("The slowest rank of every step")]
+    assert all(f"rank {r}" in timeline for r in range(3))
