@@ -30,6 +30,7 @@ products' round-off; sums differ only in summation order. ``MPINB_NUMBA`` overri
 from __future__ import annotations
 
 import functools
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -80,7 +81,11 @@ def kernels(work: int) -> SimpleNamespace:
     if mode == "off" or (mode == "auto" and work < COMPILE_FROM):
         return NUMPY
     compiled = _compiled()
-    return NUMPY if compiled is None else compiled
+    if compiled is None or _broken:
+        if mode == "on" and not _broken:
+            _numba.unavailable_on_demand()  # asked for by name: say why it cannot be had
+        return NUMPY
+    return compiled
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,7 +262,64 @@ NUMPY = _executor("numpy", {**globals(), "seed_distances": _seed_pass.numpy_pass
 @functools.cache
 def _compiled() -> SimpleNamespace | None:
     numba = _numba.load()
-    return None if numba is None else _compile(numba)
+    if numba is None:
+        return None
+    try:
+        compiled = _compile(numba)
+    except Exception as exc:  # numba or llvmlite older or newer than _simd's use of their internals
+        _give_up("building the compiled passes", exc)
+        return None
+    return _guarded(compiled, numba)
+
+
+# Set when a compiled pass could not be compiled or linked for this process's CPU: every later
+# choice of executor is NumPy's, which gives the same labels (local: the collectives are the same).
+_broken: list[str] = []
+
+
+def _give_up(what: str, exc: BaseException) -> None:
+    """Warn once that the compiled k-means passes failed at ``what`` and NumPy runs instead."""
+    if not _broken:
+        warnings.warn(
+            f"mpinb's compiled k-means passes failed at {what} ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no message'}); this process runs the "
+            "NumPy passes instead: the same labels, slower on large data. MPINB_NUMBA=0 chooses them "
+            "without trying numba.", RuntimeWarning, stacklevel=3)
+    _broken.append(what)
+
+
+def _guarded(compiled: SimpleNamespace, numba: Any) -> SimpleNamespace:
+    """``compiled`` whose passes fall back to NumPy's when numba fails to compile or link them.
+
+    numba compiles a pass at its first call with new argument types, so a failure surfaces inside
+    a fit. A call that raises is a compile failure exactly when its argument types have no
+    compiled version afterwards; then this call and every later one run on NumPy's pass (both
+    take the same arguments; the SIMD assignment's padded centre columns have offset +inf, which
+    NumPy's argmin never chooses). The successful call costs one Python frame."""
+
+    def guard(name: str, dispatcher: Any) -> Any:
+        fallback = getattr(NUMPY, name)
+
+        def call(*args: Any) -> Any:
+            if _broken:
+                return fallback(*args)
+            try:
+                return dispatcher(*args)
+            except Exception as exc:
+                try:
+                    types = tuple(dispatcher.typeof_pyval(a) for a in args)
+                except Exception:
+                    raise exc from None
+                if types in dispatcher.overloads:
+                    raise  # compiled code ran and raised: not ours to hide
+                _give_up(f"compiling its {name} pass", exc)
+                return fallback(*args)
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    passes = {p: guard(p, getattr(compiled, p)) for p in PASSES}
+    return SimpleNamespace(name=compiled.name, simd_width=compiled.simd_width, **passes)
 
 
 def _compile(numba: Any) -> SimpleNamespace:
