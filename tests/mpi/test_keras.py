@@ -142,6 +142,45 @@ def test_constant_gradients_come_back_averaged_every_step(packing):
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
 
 
+def test_gradients_that_are_tensorflow_buffers_stay_untouched(packing):
+    """The arrays a numpy_function receives are TensorFlow's own buffers, not copies: a variable's
+    value, an input of the step, a tensor another op reads after the exchange (measured: writing
+    into them changes the variable, the caller's tensor and that op's result). The exchange sums in
+    place, so it must only ever write into buffers of its own: each call averages afresh, and
+    nothing it was given changes."""
+    import tensorflow as tf
+
+    from mpinb.keras.optimizer import TensorExchange
+
+    shapes = [(5, 3), (3,), (3, 2)]
+
+    def grads_of(rank):
+        rng = np.random.default_rng(rank + 7)
+        return [rng.normal(size=s).astype(np.float32) for s in shapes]
+
+    mine = grads_of(RANK)
+    expected = [np.mean(parts, axis=0) for parts in zip(*(grads_of(r) for r in range(SIZE)), strict=True)]
+    exchange = TensorExchange(MPI.COMM_WORLD)
+    held = tf.Variable(mine[0])
+    given = tf.constant(mine[1])
+
+    @tf.function
+    def step(passed):
+        later = tf.identity(mine[2]) * 1.0  # a fresh tensor, also read after the exchange
+        averaged = exchange.average([held.read_value(), passed, later])
+        with tf.control_dependencies(averaged):
+            again = tf.identity(later) + 0.0
+        return averaged, again
+
+    for _ in range(3):
+        averaged, again = step(given)
+        for got, want in zip(averaged, expected, strict=True):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(held.numpy(), mine[0])
+        np.testing.assert_array_equal(given.numpy(), mine[1])
+        np.testing.assert_array_equal(again.numpy(), mine[2])
+
+
 def test_uneven_digits_run_the_same_steps_everywhere(digits):
     X, y = digits  # 1,797 rows: uneven shards at 2 and 4 ranks
     Xl, yl = mpinb.shard(X, y)
