@@ -224,7 +224,7 @@ def snapshot() -> dict[str, Any]:
     out: dict[str, Any] = {"rank": s.rank, "size": s.size, "engine": s.engine, "host": s.host, "seq": s.seq,
                            "time": time.time(), "cell": s.cells if cell.id else 0, "where": None, "op": None,
                            "running_for": time.monotonic() - s.cell_began if cell.id else None,
-                           "rss": _rss(), "fit": None, "recent": list(s.history)[-_RECENT:]}
+                           "rss": _rss(), "fit": None, "recent": _recent(s.history)}
     if out["rss"] is not None:
         s.memory.append((out["time"], out["rss"]))
     if cell.id:
@@ -239,6 +239,11 @@ def snapshot() -> dict[str, Any]:
             fit["batch_loss"] = _number(s.logs.get("loss") if hasattr(s.logs, "get") else None)
         out["fit"] = fit
     return out
+
+
+def _recent(records: deque[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    n = len(records)  # indexing a deque near its end is quick; copying 20,000 records is not
+    return [records[i] for i in range(max(n - _RECENT, 0), n)]
 
 
 def history() -> dict[str, Any]:

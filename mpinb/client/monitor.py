@@ -182,11 +182,13 @@ class RankMonitor:
         return html_table(self.rows, self._caption())
 
     def _ipython_display_(self) -> None:
+        from IPython import get_ipython
         from IPython.display import display
 
-        widget = self.widget()
+        # A widget needs a front end (a kernel's): a terminal IPython would print its repr instead.
+        widget = self.widget() if getattr(get_ipython(), "kernel", None) is not None else None
         if widget is None:
-            display(self)  # a static table: text outside a browser, HTML in one  # pragma: no cover
+            display({"text/plain": repr(self), "text/html": self._repr_html_()}, raw=True)
             return
         display(widget)
 
@@ -199,6 +201,7 @@ class RankMonitor:
             return None
         if self._widget is None:
             self._widget = ipywidgets.HTML(value=self._repr_html_())
+        if self._thread is None or not self._thread.is_alive():
             self._halt.clear()
             self._thread = threading.Thread(target=self._refresh, name="mpinb-monitor", daemon=True)
             self._thread.start()

@@ -235,3 +235,12 @@ def test_the_report_is_one_self_contained_page() -> None:
     assert "<td>2</td><td>h</td><td>6</td><td>2.70 s</td>" in summary and "<td>6</td><td>123 MiB</td>" in summary
     timeline = page[page.index("Per-rank timeline"):page.index("The slowest rank of every step")]
     assert all(f"rank {r}" in timeline for r in range(3))
+
+
+def test_outside_a_notebook_the_panel_shows_as_text(capsys: pytest.CaptureFixture[str]) -> None:
+    metadata = {"m0": {"data": {monitor.KEY: message(0, engine=0)}}}
+    client = SimpleNamespace(metadata=metadata, history=["m0"], outstanding=set(), _engines={}, _outstanding_dict={})
+    panel = monitor.RankMonitor(_Cluster(client, [0]))
+    panel._ipython_display_()  # what IPython calls; no kernel here, so no widget and no thread
+    assert "rank  state" in capsys.readouterr().out and panel._thread is None
+    assert str(panel) == repr(panel)
