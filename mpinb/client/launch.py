@@ -18,6 +18,9 @@ __all__ = ["MPICH_YIELD", "find_mpiexec", "is_hydra", "mpi_env", "run_mpi", "usa
 # MPICH busy-polls inside collectives; with more ranks than cores the polling ranks starve the
 # ranks doing work. Yielding halves the median step time on an oversubscribed machine.
 MPICH_YIELD = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "MPIR_CVAR_POLLS_BEFORE_YIELD": "1"}
+# Open MPI (PRRTE) refuses to start more ranks than cores unless the mapping allows it (it then
+# yields when idle by itself). Both are read only by their own MPI: harmless to the other.
+OPEN_MPI_OVERSUBSCRIBE = {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"}
 
 
 def find_mpiexec() -> str:
@@ -56,13 +59,14 @@ def is_hydra(mpiexec: str) -> bool:
                              stdin=subprocess.DEVNULL, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return False
-    return "HYDRA" in out
+    # MPICH's says "HYDRA build details"; Intel MPI's (a Hydra too, with -prepend-rank) names its library.
+    return "HYDRA" in out or "Intel(R) MPI Library" in out
 
 
 def mpi_env(n: int, *, threads_per_rank: int | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for ``n`` ranks started from this machine: MPICH's yield settings when the ranks
-    outnumber its cores, and ``threads_per_rank`` threads for every pool when given, without
-    overriding anything the user set explicitly.
+    """Environment for ``n`` ranks started from this machine: MPICH's yield settings and Open MPI's
+    leave to oversubscribe when the ranks outnumber its cores, and ``threads_per_rank`` threads for
+    every pool when given, without overriding anything the user set explicitly.
 
     Local. Without ``threads_per_rank`` no thread budget is set: the launcher cannot know how many
     ranks land on each host (a hostfile, or Hydra inside a Slurm allocation, spreads them), so each
@@ -74,7 +78,7 @@ def mpi_env(n: int, *, threads_per_rank: int | None = None, base: Mapping[str, s
         for var, value in thread_env(threads_per_rank).items():
             env.setdefault(var, value)
     if n > usable_cores():
-        for var, value in MPICH_YIELD.items():
+        for var, value in {**MPICH_YIELD, **OPEN_MPI_OVERSUBSCRIBE}.items():
             env.setdefault(var, value)
     return env
 

@@ -41,6 +41,14 @@ def test_mpinb_info_passes_its_two_rank_check() -> None:
     assert "2 MPI ranks: shard_bounds split 1000 rows, allreduce summed them to 499500 (expected 499500)" in done.stdout
 
 
+def test_the_launcher_is_told_apart_for_rank_tags() -> None:
+    # Intel MPI's mpiexec is a Hydra that says so only by its library's name: its lines get rank tags
+    # ("[1] ..."), whose last words a death report quotes; PRRTE's prterun has no such option.
+    from mpinb.client.launch import find_mpiexec, is_hydra
+
+    assert is_hydra(find_mpiexec()) is (not OPEN_MPI)
+
+
 LOOP = """
 import time, numpy as np, mpinb
 rank = mpinb.world().rank

@@ -22,6 +22,10 @@ def test_mpi_env_sets_budget_and_yield_without_overriding_user(monkeypatch) -> N
     assert env["OMP_NUM_THREADS"] == "3"
     assert env["OPENBLAS_NUM_THREADS"] == "1"
     assert env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1"
+    assert env["PRTE_MCA_rmaps_default_mapping_policy"] == ":oversubscribe"  # Open MPI's leave
+    mine = mpi_env(64, base={"PRTE_MCA_rmaps_default_mapping_policy": "slot"})
+    assert mine["PRTE_MCA_rmaps_default_mapping_policy"] == "slot"
+    assert "PRTE_MCA_rmaps_default_mapping_policy" not in mpi_env(1, base={})
 
 
 def test_mpi_env_leaves_the_thread_budget_to_the_ranks() -> None:
