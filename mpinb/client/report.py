@@ -95,19 +95,17 @@ def render(histories: Sequence[dict[str, Any]], *, title: str = "mpinb run repor
 
 
 def _svg(fig: Any) -> str:
-    import matplotlib.pyplot as plt
+    import matplotlib
 
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
+    # Text as text, not glyph outlines: a third of the size, and searchable in the browser.
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight")  # a Figure of its own: pyplot never holds it
     text = buf.getvalue()
     return text[text.index("<svg"):]  # inline: without the XML prologue and doctype
 
 
 def _figure(height: float) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
     return Figure(figsize=(9, height))

@@ -234,7 +234,7 @@ def test_the_report_is_one_self_contained_page() -> None:
     assert summary.count("<tr>") == 4  # the header and one row per rank
     assert "<td>2</td><td>h</td><td>6</td><td>2.70 s</td>" in summary and "<td>6</td><td>123 MiB</td>" in summary
     timeline = page[page.index("Per-rank timeline"):page.index("The slowest rank of every step")]
-    assert all(f"rank {r}" in timeline for r in range(3))
+    assert all(f">rank {r}</text>" in timeline for r in range(3))  # text, not glyph outlines
 
 
 def test_outside_a_notebook_the_panel_shows_as_text(capsys: pytest.CaptureFixture[str]) -> None:
