@@ -11,7 +11,7 @@ from typing import Any
 
 from mpinb._engine import rank as _rank_here
 from mpinb._words import ranks as _ranks
-from mpinb.client._ipp import ENGINE_EXIT, NANNY_SAW_EXIT, engine_deaths
+from mpinb.client._ipp import LAUNCHER_SAW_EXIT, NANNY_SAW_EXIT, engine_deaths
 from mpinb.client._launcher_output import read_output, relays_of
 
 __all__ = ["Health", "ask_every_engine", "deaths", "registered"]
@@ -100,7 +100,7 @@ def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_p
     give_up = time.monotonic() + _DEATH_REPORT_WAIT
     while True:
         text = _launcher_text(cluster, relays)
-        if not NANNY_SAW_EXIT.search(text) or ENGINE_EXIT.search(text) or time.monotonic() > give_up:
+        if not NANNY_SAW_EXIT.search(text) or LAUNCHER_SAW_EXIT.search(text) or time.monotonic() > give_up:
             break
         time.sleep(0.05)
     said = {rank: told for rank in range(len(ids_by_rank)) if (told := _last_words(relays, rank))[1]}

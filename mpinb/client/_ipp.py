@@ -320,6 +320,9 @@ class _NoticeRelay:
 # exit code of one process it names by PID (not necessarily the first to end), and the job's signal.
 NANNY_SAW_EXIT = re.compile(r"\[KernelNanny\.(?P<engine>\d+)\] Pipe closed, parent (?P<pid>\d+) has status")
 ENGINE_EXIT = re.compile(r"EXIT STRING: .*\(signal (?P<signal>\d+)\)|EXIT CODE: (?P<code>\d+)")
+# Any launcher's word that the job's ranks ended, which a death report waits for: Hydra's (MPICH,
+# Intel MPI) exit string or code, or prterun's (Open MPI) "exited on signal N" / "non-zero status".
+LAUNCHER_SAW_EXIT = re.compile(ENGINE_EXIT.pattern + r"|exited on\s+signal \d+|exited with non-zero status")
 _HYDRA_NAMES = re.compile(r"PID (?P<pid>\d+) RUNNING AT .*\n.*EXIT CODE: (?P<code>\d+)")
 # Open MPI's prterun names a rank it saw killed by a signal: "prterun noticed that process rank 1 with
 # PID 4242 on node n1 exited on signal 9 (Killed)." Open MPI 5.0's says "PID 0": then the rank tells,

@@ -30,6 +30,18 @@ def test_prterun_s_word_on_a_killed_rank_names_its_signal(pid: str) -> None:
     assert engine_deaths(logs + NANNIES + PRTERUN.format(pid="4711")) == [(1, 4712, "its process ended")]
 
 
+def test_a_death_report_stops_waiting_at_any_launcher_s_word() -> None:
+    # The report waits (up to 1 s) after the nannies for the launcher's word on the signal: Hydra's
+    # and prterun's both end the wait, the nannies' alone do not.
+    from mpinb.client._ipp import LAUNCHER_SAW_EXIT
+
+    hydra = "=   PID 4712 RUNNING AT vm\n=   EXIT CODE: 9\n"
+    assert LAUNCHER_SAW_EXIT.search(NANNIES + PRTERUN.format(pid="0"))
+    assert LAUNCHER_SAW_EXIT.search(NANNIES + hydra)
+    assert LAUNCHER_SAW_EXIT.search("prterun detected that one or more processes exited with non-zero status, thus")
+    assert not LAUNCHER_SAW_EXIT.search(NANNIES)
+
+
 _LISTENER = """
 import socket, sys, time
 listeners = []
