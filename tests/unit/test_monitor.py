@@ -244,3 +244,17 @@ def test_outside_a_notebook_the_panel_shows_as_text(capsys: pytest.CaptureFixtur
     panel._ipython_display_()  # what IPython calls; no kernel here, so no widget and no thread
     assert "rank  state" in capsys.readouterr().out and panel._thread is None
     assert str(panel) == repr(panel)
+
+
+def test_whom_a_rank_waits_for_comes_from_the_status_board_of_its_host(engine: Any) -> None:
+    # Rank 0 waits in generation 1's collective #5; rank 1 has entered it, rank 2's last was #4,
+    # and rank 3 runs on another host, whose row this one cannot read: counted as missing.
+    rows = {1: SimpleNamespace(gen=1, index=5), 2: SimpleNamespace(gen=1, index=4)}
+    chan = SimpleNamespace(rank=0, size=4, host="a", hosts=["a", "a", "a", "b"],
+                           board=SimpleNamespace(read=rows.get))
+    op = _Op("allreduce", 5)
+    op.chan, op.gen = chan, SimpleNamespace(number=1)
+    _progress._observe(op, _p.IDLE, "enter", _p.IDLE.rules["enter"])
+    assert _progress._op_state(op)["waiting_for"] == [2, 3]
+    rows[2] = SimpleNamespace(gen=2, index=1)  # a later generation: it has been past #5 already
+    assert _progress._op_state(op)["waiting_for"] == [3]
