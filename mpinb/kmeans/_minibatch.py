@@ -131,17 +131,18 @@ class MiniBatchKMeans(KMeansBase):
 
     Notes
     -----
-    Sampling: scikit-learn draws each mini-batch as ``random_state.choice(n, batch_size,
-    p=w / w.sum())``: one uniform number per row, looked up in the cumulative weights. mpinb
-    draws the same uniform numbers and maps them to global rows: ``floor(u * n)`` for unit
+    Sampling: scikit-learn (1.9 and later; before, ``randint`` rows with their weights applied in
+    the step, so the same seed drew other rows) draws each mini-batch as ``random_state.choice(n,
+    batch_size, p=w / w.sum())``: one uniform number per row, looked up in the cumulative weights.
+    mpinb draws the same uniform numbers and maps them to global rows: ``floor(u * n)`` for unit
     weights (exact, the same at any number of ranks) and the rank, then row, of the cumulative
-    weights otherwise. scikit-learn's cumulative sum of ``n`` equal weights carries a round-off
-    of order ``n`` times the machine epsilon, so on very large data some of its draws land on a
+    weights otherwise. scikit-learn's cumulative sum of ``n`` equal weights carries a round-off of
+    order ``n`` times the machine epsilon, so on very large data some of its draws land on a
     neighbouring row: measured 0 of 200,000 draws differ at up to 100,003 rows, 38 of 20,000 at
     20,000,000 rows. Below that, one rank draws exactly scikit-learn's rows, and the centres equal
     scikit-learn's to round-off (the per-cluster sums are added in another order). With
-    ``sample_weight`` the rows a draw selects depend on how the rows are split over the ranks
-    only when the draw falls within round-off of a boundary of the cumulative weights.
+    ``sample_weight`` the rows a draw selects depend on how the rows are split over the ranks only
+    when the draw falls within round-off of a boundary of the cumulative weights.
 
     A mini-batch may hold the same row more than once; it counts once per draw, as in
     scikit-learn. In :meth:`partial_fit` the mini-batch is the union of every rank's

@@ -95,6 +95,7 @@ def far_centres(X: np.ndarray) -> np.ndarray:
     return init
 
 
+@kmeans_cases.sklearn_draws_as_mpinb
 def test_matches_sklearn():
     X = blobs()
     theirs = SkMiniBatchKMeans(8, batch_size=128, random_state=6).fit(X)

@@ -7,7 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pytest
+import sklearn
 from sklearn.datasets import load_digits, load_iris, make_blobs
+
+# scikit-learn 1.9 draws MiniBatchKMeans's batches with ``RandomState.choice`` in proportion to the
+# sample weights, as mpinb does; before, with ``randint`` (weights then scaled each step), so the
+# same seed drew other rows. Comparisons of fits that draw their own batches need 1.9.
+sklearn_draws_as_mpinb = pytest.mark.skipif(
+    tuple(int(p) for p in sklearn.__version__.split(".")[:2]) < (1, 9),
+    reason=f"scikit-learn {sklearn.__version__} draws MiniBatchKMeans's batches otherwise (randint; 1.9: choice "
+           "weighted by sample_weight, as mpinb)")
 
 
 def blobs(n: int, d: int = 5, centers: int = 6, std: float = 3.0, seed: int = 0) -> np.ndarray:

@@ -250,6 +250,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@kmeans_cases.sklearn_draws_as_mpinb
 def test_matches_sklearn_from_same_seed(case):
     params, extra = CASES[case]
     X = blobs()
@@ -262,6 +263,7 @@ def test_matches_sklearn_from_same_seed(case):
     assert_agrees(ours, theirs, labels=params.get("compute_labels", True))
 
 
+@kmeans_cases.sklearn_draws_as_mpinb
 def test_matches_sklearn_from_array_and_callable_init():
     X = blobs(4000, 4, 8, 2.0, seed=1)
     ours, theirs = both(X, n_clusters=8, init=X[:8], batch_size=128)
@@ -278,6 +280,7 @@ def test_matches_sklearn_from_array_and_callable_init():
     assert seen == [((384, 4), True)] * 6  # three calls each, by scikit-learn and by mpinb
 
 
+@kmeans_cases.sklearn_draws_as_mpinb
 def test_float32_matches_sklearn_to_float32_round_off():
     X = blobs(4000, 4, 8, 2.0, seed=1).astype(np.float32)
     ours, theirs = both(X, n_clusters=8, batch_size=128)
@@ -299,6 +302,7 @@ def test_partial_fit_sequence_matches_sklearn():
         assert_agrees(ours, theirs)
 
 
+@kmeans_cases.sklearn_draws_as_mpinb
 def test_partial_fit_after_fit_continues_like_sklearn():
     X = blobs()
     ours, theirs = both(X, n_clusters=6, batch_size=256)
@@ -316,6 +320,7 @@ def far_centres(X, k, n_far):
     return init
 
 
+@kmeans_cases.sklearn_draws_as_mpinb
 def test_reassignment_happens_as_in_sklearn(monkeypatch):
     X = blobs(4000, 4, 8, 2.0, seed=1)
     init = far_centres(X, 8, 3)
@@ -345,6 +350,7 @@ def test_reassignment_happens_as_in_sklearn(monkeypatch):
     assert fetched[0] == 3
 
 
+@kmeans_cases.sklearn_draws_as_mpinb
 def test_verbose_prints_sklearns_progress_lines():
     """verbose=1 prints scikit-learn's lines -- initialisation, every mini-batch, reassignments, the
     reason for stopping -- in its order, with its numbers to round-off; verbose=0 prints nothing."""
@@ -382,6 +388,7 @@ def progress_lines(text):
     return words, np.array(numbers)
 
 
+@kmeans_cases.sklearn_draws_as_mpinb
 def test_no_reassignment_with_ratio_zero():
     X = blobs(4000, 4, 8, 2.0, seed=1)
     init = far_centres(X, 8, 3)
@@ -390,6 +397,7 @@ def test_no_reassignment_with_ratio_zero():
     np.testing.assert_array_equal(ours.cluster_centers_[5:], init[5:])  # never moved
 
 
+@kmeans_cases.sklearn_draws_as_mpinb
 def test_max_no_improvement_stops_early_as_sklearn():
     X = blobs()
     full = (100 * 3000) // 256
