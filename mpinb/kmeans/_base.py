@@ -34,6 +34,7 @@ from mpinb._constraints import (
     describe,
 )
 from mpinb._estimator import agree
+from mpinb._fit_callbacks import CallbackSupport
 from mpinb._inputs import as_data, as_weights, check_feature_names, check_width, feature_names, raise_nonfinite
 from mpinb._rows import RowMap
 from mpinb.agreement import raise_together
@@ -100,9 +101,10 @@ class Start:
         return self.data
 
 
-class KMeansBase(FittedCentres, ClusterMixin, TransformerMixin, BaseEstimator):
-    """Base of mpinb's k-means estimators: declared parameters, the one fit prologue, and (from
-    :class:`FittedCentres`) ``predict``, ``transform``, ``score`` and pickling."""
+class KMeansBase(FittedCentres, CallbackSupport, ClusterMixin, TransformerMixin, BaseEstimator):
+    """Base of mpinb's k-means estimators: declared parameters, the one fit prologue, (from
+    :class:`FittedCentres`) ``predict``, ``transform``, ``score`` and pickling, and with
+    scikit-learn 1.9 or later its callbacks' ``set_callbacks`` (see :mod:`mpinb._fit_callbacks`)."""
 
     # What each hyper-parameter accepts, checked in this order; subclasses extend it.
     _constraints: ClassVar[dict[str, Accepts]] = {

@@ -56,10 +56,12 @@ class BatchRun:
 def minibatches(
     data: KMeansShard, sampler: Sampler, centers: np.ndarray, state: State, params: Any, tol: float,
     rng: np.random.RandomState, stop: StopFlag, hook: Callable[[dict[str, Any]], None] | None,
+    begin: Callable[[int], None] | None = None,
 ) -> BatchRun:
     """scikit-learn's loop of ``MiniBatchKMeans.fit`` over distributed rows, one Allreduce per
     mini-batch (and one gather in the rare mini-batches that move a centre); ``tol`` is absolute.
-    Collective."""
+    ``hook`` gets each mini-batch's reduced values, ``begin`` its number before its draw; both must
+    be local. Collective."""
     k, d = centers.shape
     n, batch = data.n_total, state.batch
     n_steps = (params.max_iter * n) // batch
@@ -74,6 +76,8 @@ def minibatches(
     # Rank 0 publishes the inertia curve to the notebook (mpinb.live.watch).
     with Progress("inertia", total=n_steps, comm=data.comm) as progress:
         for i in range(n_steps):
+            if begin is not None:
+                begin(i + 1)
             draws = sampler.draw(rng.random_sample(batch))
             # The pass reads the drawn rows in place: no gathered copy of the mini-batch.
             new, batch_inertia = one_step(step, X, draws.local, None, centers, state, ratio, batch, rng,
@@ -85,7 +89,7 @@ def minibatches(
                 progress.update(i + 1, inertia=batch_inertia * total_weight / batch)
             if hook is not None:
                 hook({"step": i + 1, "batch_inertia": batch_inertia, "ewa_inertia": monitor.ewa,
-                      "centers": centers.copy(), "stop": stop})
+                      "centers": centers.copy(), "stop": stop, "last": done or i + 1 == n_steps})
             if done:
                 break
     return BatchRun(centers, i + 1, monitor.ewa if monitor.ewa is not None else monitor.last)

@@ -10,6 +10,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from mpinb._estimator import set_feature_names
+from mpinb._fit_callbacks import FitCallbacks, fit_callbacks, with_callbacks
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._base import KMeansBase
 from mpinb.kmeans._init import initial_centers
@@ -126,6 +127,20 @@ class KMeans(KMeansBase):
     the same distance block with the same rule, so they break ties alike, and the same ties were
     broken the same way at 1, 2, 3 and 4 ranks.
 
+    Callbacks: with scikit-learn 1.9 or later, ``set_callbacks(...)`` takes its experimental
+    callbacks (``sklearn.callback.ProgressBar``, ``ScoringMonitor``, or any object with its hooks),
+    set on every rank as any parameter. Only rank 0 of ``comm`` calls them, between the fit's own
+    collectives; on the other ranks they do nothing. Their tasks are the global ones: the fit, of
+    ``max_iter`` iterations (with ``n_init > 1``, of ``n_init`` runs of ``max_iter`` iterations
+    each), so a ``ProgressBar`` counts the iterations every rank makes. At an iteration's end the
+    hooks' ``fitted_estimator`` holds the centres after it and, as ``inertia_``, its inertia over all
+    ranks (``inertia_history_``'s entry); at the fit's end, the fitted model. That model is a copy on
+    ``MPI.COMM_SELF``, and the hooks' ``X`` is rank 0's own rows, so nothing a hook does can start a
+    collective: its ``score(X)`` is rank 0's share. A hook's request to stop is ignored (as in
+    scikit-learn 1.9's estimators); a hook that raises ends the fit on every rank (rank 0 raises its
+    error, the others :class:`mpinb.CollectiveAbandoned` naming it). Before 1.9 there is no
+    ``set_callbacks``.
+
     Examples
     --------
     >>> lo, hi = mpinb.shard_bounds(len(X), rank=comm.rank, size=comm.size)
@@ -150,6 +165,7 @@ class KMeans(KMeansBase):
             comm=comm,
         )
 
+    @with_callbacks
     def fit(self, X_local: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
         """Compute the clustering of the rows held by all ranks.
 
@@ -180,13 +196,22 @@ class KMeans(KMeansBase):
             start = self._prologue(X_local, sample_weight, "KMeans.fit")
             params, data = start.params, start.shard
             tol = relative_tol(data, params.tol)
+            # scikit-learn's callbacks, on rank 0: a task per run when there are several, one per
+            # iteration within it.
+            runs = params.n_init > 1
+            calls = fit_callbacks(self, data.rank, params.n_init if runs else params.max_iter, data.X, data.weights)
             best: Run | None = None
             for run in range(params.n_init):
                 centers = initial_centers(data, params.init, params.n_clusters, start.rng, stop)
+                tasks = _Iterations(calls, calls.subtask("run", max_subtasks=params.max_iter) if runs else None,
+                                    data.out_dtype, data.X.shape[1])
                 # Rank 0 publishes each run's inertia curve to the notebook (mpinb.live.watch).
                 with Progress("inertia", total=params.max_iter, comm=start.comm) as progress:
-                    hook = _publishing_hook(progress, self._on_iteration)
-                    result = lloyd(data, centers, params.max_iter, tol, stop, hook, run)
+                    hook = _publishing_hook(progress, self._on_iteration, tasks.end if calls.active else None)
+                    result = lloyd(data, centers, params.max_iter, tol, stop, hook, run,
+                                   begin=tasks.begin if calls.active else None)
+                if runs and calls.active:
+                    calls.end(tasks.parent, tasks.attributes(result.centers + data.mean, result.inertia, result.n_iter))
                 if best is None or (
                     result.inertia < best.inertia and not same_clustering(result, best, data)
                 ):
@@ -208,15 +233,49 @@ class KMeans(KMeansBase):
         self.inertia_history_ = np.asarray(best.history, dtype=np.float64)
         self.n_features_in_ = int(data.X.shape[1])
         set_feature_names(self, start.names)
+        calls.end(calls.root)
         return self
 
 
 def _publishing_hook(
-    progress: Progress, user_hook: Callable[[dict[str, Any]], None] | None
+    progress: Progress, user_hook: Callable[[dict[str, Any]], None] | None,
+    task_end: Callable[[dict[str, Any]], None] | None = None,
 ) -> Callable[[dict[str, Any]], None]:
     def hook(info: dict[str, Any]) -> None:
         progress.update(info["iteration"], inertia=info["inertia"])
+        if task_end is not None:
+            task_end(info)
         if user_hook is not None:
             user_hook(info)
 
     return hook
+
+
+class _Iterations:
+    """Each Lloyd iteration of a run as a task of scikit-learn's callbacks (rank 0's), under
+    ``parent`` (the fit's root task when ``None``): its hooks see the global iteration and, in
+    ``fitted_estimator``, the centres and inertia every rank holds. Local."""
+
+    def __init__(self, calls: FitCallbacks, parent: Any, out_dtype: Any, n_features: int) -> None:
+        self.calls, self.parent, self.out_dtype, self.n_features = calls, parent, out_dtype, n_features
+        self.task: Any = None
+        self.inertia: float | None = None  # the last iteration's
+
+    def begin(self, info: dict[str, Any]) -> None:
+        # Before the iteration's pass: the centres it starts from, the previous one's inertia.
+        self.task = self.calls.subtask("iteration", self.parent,
+                                       attributes=self.attributes(info["centers"], self.inertia, info["iteration"] - 1))
+
+    def end(self, info: dict[str, Any]) -> None:
+        self.inertia = info["inertia"]
+        self.calls.end(self.task, self.attributes(info["centers"], info["inertia"], info["iteration"]))
+
+    def attributes(self, centers: np.ndarray, inertia: float | None, n_iter: int) -> Callable[[], dict[str, Any]]:
+        """The model after ``n_iter`` iterations (``inertia``: the last one's assignment), built
+        only if a hook asks for a ``fitted_estimator``."""
+
+        def build() -> dict[str, Any]:
+            return {"cluster_centers_": centers.astype(self.out_dtype), "inertia_": inertia, "n_iter_": int(n_iter),
+                    "n_features_in_": self.n_features}
+
+        return build

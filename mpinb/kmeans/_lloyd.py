@@ -47,8 +47,12 @@ def lloyd(
     stop: StopFlag | None,
     hook: Callable[[dict[str, Any]], None] | None = None,
     run: int = 0,
+    begin: Callable[[dict[str, Any]], None] | None = None,
 ) -> Run:
-    """scikit-learn's ``_kmeans_single_lloyd`` over distributed rows, one Allreduce per iteration."""
+    """scikit-learn's ``_kmeans_single_lloyd`` over distributed rows, one Allreduce per iteration.
+
+    ``hook`` gets each iteration's reduced values after its reduction, ``begin`` the iteration and
+    its starting centres before its pass; both must be local (no collective)."""
     X, comm, mean = data.X, data.comm, data.mean
     k, d = centers.shape
     n = data.n_local
@@ -70,6 +74,8 @@ def lloyd(
     unit = data.weights is None
     w = NO_WEIGHTS if data.weights is None else data.weights
     for i in range(max_iter):  # noqa: B007 - i is the iteration count after the loop
+        if begin is not None:
+            begin({"run": run, "iteration": i + 1, "centers": centers + mean})
         if i == 0:
             # Every label changes in the first iteration (from -1), so its sums are full sums:
             # added in the assignment's pass while each chunk is in cache, not in a second pass.

@@ -7,6 +7,7 @@ rows are :mod:`._sampling`, and the initial centres :mod:`._starts`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from mpinb._constraints import Accepts, Exactly, Flag, Integer, Real
 from mpinb._estimator import set_feature_names
+from mpinb._fit_callbacks import FitCallbacks, fit_callbacks, with_callbacks
 from mpinb.interrupt import StopFlag
 from mpinb.kmeans._base import KMeansBase, KMeansParams
 from mpinb.kmeans._batches import State, Step, labels_inertia, minibatches, one_step
@@ -159,6 +161,15 @@ class MiniBatchKMeans(KMeansBase):
     reads the drawn rows where they lie, about 0.12 ms in all for 1,024 rows of 16 features on one
     rank -- so a larger ``batch_size`` spreads that cost over more rows.
 
+    Callbacks: with scikit-learn 1.9 or later, ``set_callbacks(...)`` takes its experimental
+    callbacks, called on rank 0 of ``comm`` only, as in :class:`mpinb.KMeans`. A fit's tasks are its
+    passes over the data (``max_iter`` at most, the last one cut short by early stopping), not its
+    mini-batches: scikit-learn's ``ProgressBar`` sums all finished tasks at each task's end, which
+    grows quadratic over thousands of mini-batches. At a pass's end the hooks' ``fitted_estimator``
+    holds the centres every rank holds, ``n_iter_`` (passes), ``n_steps_`` and, as ``inertia_``, the
+    smoothed mini-batch inertia over all ranks (the ``ewa inertia`` of ``verbose``) scaled to all
+    rows. Each :meth:`partial_fit` is one task, whose hooks run after its last collective.
+
     Examples
     --------
     >>> lo, hi = mpinb.shard_bounds(len(X), rank=comm.rank, size=comm.size)
@@ -204,6 +215,7 @@ class MiniBatchKMeans(KMeansBase):
         self.max_no_improvement, self.init_size = max_no_improvement, init_size
         self.reassignment_ratio = reassignment_ratio
 
+    @with_callbacks
     def fit(self, X_local: Any, y: Any = None, sample_weight: Any = None) -> MiniBatchKMeans:
         """Compute the centres from mini-batches drawn from the rows held by all ranks.
 
@@ -236,9 +248,16 @@ class MiniBatchKMeans(KMeansBase):
             batch, init_size = sample_sizes(params, data.n_total)
             sampler = Sampler(data, any_weighted(data))
             state = State(np.zeros(params.n_clusters), 0, batch)
+            # scikit-learn's callbacks, on rank 0: a task per pass over the data.
+            calls = fit_callbacks(self, data.rank, params.max_iter, data.X, data.weights)
             centers = best_start(data, params, rng, init_size)
             tol = relative_tol(data, params.tol)
-            run = minibatches(data, sampler, centers, state, params, tol, rng, stop, self._on_iteration)
+            hook, begin = self._on_iteration, None
+            if calls.active:
+                tasks = _Passes(calls, data.out_dtype, data.X.shape[1], data.n_total, batch,
+                                float(data.weight_sums.sum()) / batch)
+                hook, begin = tasks.hook(self._on_iteration), tasks.begin
+            run = minibatches(data, sampler, centers, state, params, tol, rng, stop, hook, begin)
             labels = None
             if params.compute_labels:
                 labels, inertia = labels_inertia(
@@ -256,8 +275,10 @@ class MiniBatchKMeans(KMeansBase):
         self.n_iter_ = -(-run.n_steps * batch // data.n_total)  # ceil
         self.n_features_in_ = int(data.X.shape[1])
         set_feature_names(self, start.names)
+        calls.end(calls.root)
         return self
 
+    @with_callbacks
     def partial_fit(self, X_local: Any, y: Any = None, sample_weight: Any = None) -> MiniBatchKMeans:
         """Update the centres with one mini-batch: the rows every rank passes in this call.
 
@@ -322,7 +343,50 @@ class MiniBatchKMeans(KMeansBase):
         self.n_steps_ = done + 1
         self.n_features_in_ = int(X.shape[1])
         set_feature_names(self, start.names)
+        # One task, its hooks on rank 0 after the call's last collective: partial_fit is not one
+        # mpinb call (see mpinb._estimator.RankAware), so a hook that raised earlier would leave the
+        # other ranks waiting in this call.
+        calls = fit_callbacks(self, layout.rank, 0, X, weights, name="partial_fit")
+        calls.end(calls.root)
         return self
+
+
+class _Passes:
+    """Each pass over the data of a fit (``batch`` rows over ``n`` per mini-batch; the last one cut
+    short by early stopping) as a task of scikit-learn's callbacks (rank 0's): at its end the hooks'
+    ``fitted_estimator`` has the centres every rank holds, ``n_iter_`` (passes), ``n_steps_`` and,
+    as ``inertia_``, the smoothed mini-batch inertia over all ranks scaled to all rows (``scale``:
+    total weight / batch rows; the first mini-batch's own before there is an average). Not a task
+    per mini-batch: scikit-learn's ``ProgressBar`` adds up every finished task of its parent at each
+    task's end, quadratic in thousands of mini-batches. Local."""
+
+    def __init__(self, calls: FitCallbacks, out_dtype: Any, n_features: int, n: int, batch: int, scale: float) -> None:
+        self.calls, self.out_dtype, self.n_features, self.scale = calls, out_dtype, n_features, scale
+        self.n, self.batch = n, batch
+        self.task: Any = None
+        self.current = 0
+
+    def _pass(self, step: int) -> int:
+        return -(-step * self.batch // self.n)  # the pass that mini-batch ``step`` (from 1) is in: a ceil
+
+    def begin(self, step: int) -> None:
+        if self._pass(step) != self.current:
+            self.current = self._pass(step)
+            self.task = self.calls.subtask("pass")
+
+    def hook(self, user_hook: Callable[[dict[str, Any]], None] | None) -> Callable[[dict[str, Any]], None]:
+        def hook(info: dict[str, Any]) -> None:
+            step = info["step"]
+            if info["last"] or self._pass(step + 1) != self.current:
+                mean = info["ewa_inertia"] if info["ewa_inertia"] is not None else info["batch_inertia"] / self.batch
+                centers, inertia, passes = info["centers"], mean * self.batch * self.scale, self.current
+                self.calls.end(self.task, lambda: {"cluster_centers_": centers.astype(self.out_dtype),
+                                                   "inertia_": inertia, "n_iter_": passes, "n_steps_": step,
+                                                   "n_features_in_": self.n_features})
+            if user_hook is not None:
+                user_hook(info)
+
+        return hook
 
 
 def _fetch(layout: Any, X: np.ndarray, index: np.ndarray) -> np.ndarray:

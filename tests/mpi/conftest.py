@@ -28,7 +28,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # estimators and Keras prove rank-independence at 1, 2 and 4, and the protocol's orderings at every
 # size are the model tier's (tests/model).
 ODD_WORLD_FILES = {"test_agreement.py", "test_cells.py", "test_comm.py", "test_deadline.py", "test_feature_names.py",
-                   "test_keras_empty_batches.py", "test_keras_raises.py", "test_layer.py", "test_shards.py"}
+                   "test_keras_empty_batches.py", "test_keras_raises.py", "test_kmeans_callbacks.py", "test_layer.py",
+                   "test_shards.py"}
 
 
 # At 4 ranks the files whose results could depend on the number of ranks (the estimators, Keras's
