@@ -165,15 +165,20 @@ def fit_update(kind: str, step: int, total: int | None, run: str, metrics: dict[
     s = _state
     if not s.active:
         return
-    fit = s.fit
-    if fit is None or fit["run"] != run:
-        fit_begin(kind, total, run)
-        fit = s.fit
-        assert fit is not None
+    fit = _fit_of(kind, total, run)
     fit["step"], fit["metrics"] = int(step), metrics
     s.curves.append((s.fits, kind, int(step), metrics))
     if not s.batches:
         _mark(kind, int(step), metrics.get(kind, metrics.get("loss")))
+
+
+def _fit_of(kind: str, total: int | None, run: str) -> dict[str, Any]:
+    """The fit ``run``'s record, begun here if its first word is a step (a panel started mid-fit)."""
+    if _state.fit is None or _state.fit["run"] != run:
+        fit_begin(kind, total, run)
+    fit = _state.fit
+    assert fit is not None
+    return fit
 
 
 def fit_done(run: str) -> None:
@@ -187,11 +192,7 @@ def batch(run: str, kind: str, total: int | None, done: int, steps: int | None, 
     s = _state
     if not s.active:
         return
-    fit = s.fit
-    if fit is None or fit["run"] != run:
-        fit_begin(kind, total, run)
-        fit = s.fit
-        assert fit is not None
+    fit = _fit_of(kind, total, run)
     s.batches = True
     fit["batch"], fit["steps"] = int(done), steps
     s.logs = logs
