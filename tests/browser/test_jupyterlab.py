@@ -88,13 +88,8 @@ def test_notebook_runs_in_jupyterlab(tmp_path: Path) -> None:
                 )
                 try:
                     page = context.pages[0] if context.pages else context.new_page()
-                    try:
+                    with failure_shown(page, tmp_path):
                         report = _run_all(page, f"{base}/lab/tree/{NOTEBOOK}?reset&token={token}", tmp_path)
-                    except Exception:
-                        with contextlib.suppress(Exception):
-                            page.screenshot(path=str(tmp_path / "lab-failure.png"))
-                        print(f"see {tmp_path / 'lab-failure.png'} and {tmp_path / 'jupyter-lab.log'}")
-                        raise
                 finally:
                     context.close()
             saved = nbformat.read(tmp_path / "lab" / NOTEBOOK, as_version=4)
@@ -116,6 +111,18 @@ def test_notebook_runs_in_jupyterlab(tmp_path: Path) -> None:
     assert not errors, f"cells raised {errors}"
     assert all(c.get("execution_count") for c in code)
     assert sum("image/png" in o.get("data", {}) for c in code for o in c.get("outputs", [])) >= MIN_FIGURES
+
+
+@contextlib.contextmanager
+def failure_shown(page, tmp: Path):
+    """On a failure inside, a screenshot of the page, and where it and JupyterLab's log are."""
+    try:
+        yield
+    except Exception:
+        with contextlib.suppress(Exception):
+            page.screenshot(path=str(tmp / "lab-failure.png"))
+        print(f"see {tmp / 'lab-failure.png'} and {tmp / 'jupyter-lab.log'}")
+        raise
 
 
 def _prepare(tmp: Path) -> None:

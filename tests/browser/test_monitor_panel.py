@@ -9,7 +9,6 @@ harness, and none may be left running.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import secrets
@@ -29,6 +28,7 @@ from test_jupyterlab import (
     _jupyter_lab,
     _marked,
     _require_browser,
+    failure_shown,
 )
 
 NOTEBOOK = "monitor.ipynb"
@@ -71,14 +71,9 @@ def test_the_panel_names_the_straggler_in_jupyterlab(tmp_path: Path) -> None:
                 )
                 try:
                     page = context.pages[0] if context.pages else context.new_page()
-                    try:
+                    with failure_shown(page, tmp_path):
                         rows, after = _run(page, f"{base}/lab/tree/{NOTEBOOK}?reset&token={token}", shots)
                         report = _open_report(page, tmp_path / "lab" / "run.html")
-                    except Exception:
-                        with contextlib.suppress(Exception):
-                            page.screenshot(path=str(tmp_path / "lab-failure.png"))
-                        print(f"see {tmp_path / 'lab-failure.png'} and {tmp_path / 'jupyter-lab.log'}")
-                        raise
                 finally:
                     context.close()
     finally:
