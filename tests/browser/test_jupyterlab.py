@@ -136,14 +136,20 @@ def _prepare(tmp: Path) -> None:
     for cell in nb.cells:  # stored outputs would pass the checks before anything ran
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    (tmp / "lab").mkdir()  # the server's root: the file browser shows the notebook alone
-    nbformat.write(nb, tmp / "lab" / NOTEBOOK)
-    for name, settings in LAB_SETTINGS.items():
-        path = tmp / "jupyter-config" / "lab" / "user-settings" / name
+    lab_home(tmp, nb)
+
+
+def lab_home(tmp: Path, nb, name: str = NOTEBOOK) -> None:
+    """``tmp`` as JupyterLab's home: ``lab/`` (the server's root: the file browser shows the
+    notebook ``nb`` alone), its settings and empty data, runtime and IPython folders."""
+    (tmp / "lab").mkdir()
+    nbformat.write(nb, tmp / "lab" / name)
+    for setting, settings in LAB_SETTINGS.items():
+        path = tmp / "jupyter-config" / "lab" / "user-settings" / setting
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings))
-    for name in ("jupyter-data", "jupyter-runtime", "ipython"):
-        (tmp / name).mkdir()
+    for folder in ("jupyter-data", "jupyter-runtime", "ipython"):
+        (tmp / folder).mkdir()
 
 
 class _jupyter_lab:

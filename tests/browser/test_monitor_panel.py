@@ -9,7 +9,6 @@ harness, and none may be left running.
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import time
@@ -23,12 +22,12 @@ from test_jupyterlab import (
     _PANEL,
     CHROMIUM,
     CHROMIUM_ARGS,
-    LAB_SETTINGS,
     MARKER,
     _jupyter_lab,
     _marked,
     _require_browser,
     failure_shown,
+    lab_home,
 )
 
 NOTEBOOK = "monitor.ipynb"
@@ -93,14 +92,7 @@ def _prepare(tmp: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(code) for code in CELLS]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    (tmp / "lab").mkdir()
-    nbformat.write(nb, tmp / "lab" / NOTEBOOK)
-    for name, settings in LAB_SETTINGS.items():
-        path = tmp / "jupyter-config" / "lab" / "user-settings" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(settings))
-    for name in ("jupyter-data", "jupyter-runtime", "ipython"):
-        (tmp / name).mkdir()
+    lab_home(tmp, nb, NOTEBOOK)
 
 
 def _run(page, url: str, shots: list[bytes]) -> tuple[list[list[str]], list[list[str]]]:
