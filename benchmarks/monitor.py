@@ -11,7 +11,8 @@ alternate pair by pair (on/off, then off/on), so drift in the host hits both ali
 engines: ``KMeans.fit`` from fixed centres on uniform data (so Lloyd runs every one of its
 ``max_iter`` iterations), per iteration; ``mpinb.keras.fit`` of an MLP for one epoch after a warm-up,
 per train step; on and off in pairs inside one cell, the order alternating. Reported: each pair's
-times, the medians, the overhead on/off - 1 and the median of the pairs' ratios; and, since
+times, the medians, the overhead on/off - 1 and the median of the pairs' ratios, a control (off
+against off: the method's own spread); and, since
 a shared machine's noise is larger than the effect, the hooks timed alone (per step: one
 collective's three observer calls and one step mark; per message: building the snapshot) as a
 share of the median step. JSON to ``benchmarks/results/monitor.json``.
@@ -87,10 +88,13 @@ def hook_costs(n=20_000):
     return per_step, (time.perf_counter() - t0) / 200
 """
 
+# Each round: on, off and a control (off again, the A/A comparison that shows the method's own
+# spread), in an order that rotates from round to round.
 PAIRS = """
-paired = ({"on": [], "off": []}, {"on": [], "off": []})
+modes = ("on", "off", "control")
+paired = tuple({mode: [] for mode in modes} for _ in range(2))
 for i in range(ROUNDS):
-    for mode in (("on", "off") if i % 2 == 0 else ("off", "on")):
+    for mode in modes[i % 3:] + modes[:i % 3]:
         _progress.start() if mode == "on" else _progress.stop()
         paired[0][mode].append(kmeans_iteration())
         paired[1][mode].append(keras_step())
@@ -122,7 +126,8 @@ def main() -> None:
         by_rank = cluster.pull("paired")  # each rank's ({"on": [...], "off": [...]} of k-means, ... of Keras)
         for which, name in enumerate(("kmeans_iteration", "keras_step")):
             ranks = [r[which] for r in by_rank]
-            times[name] = {mode: [max(r[mode][i] for r in ranks) for i in range(rounds)] for mode in ("on", "off")}
+            times[name] = {mode: [max(r[mode][i] for r in ranks) for i in range(rounds)]
+                           for mode in ("on", "off", "control")}
             for i in range(rounds):
                 print(f"pair {i + 1}: {name} on {times[name]['on'][i] * 1e3:.2f} ms, "
                       f"off {times[name]['off'][i] * 1e3:.2f} ms", flush=True)
@@ -147,6 +152,10 @@ def main() -> None:
               f"(median of the pairs' ratios {paired:+.2%}); "
               f"the hooks alone: {per_step / off:.3%} of a step")
         report["overhead"][name + "_hooks_alone"] = per_step / off
+        control = statistics.median(modes["control"])
+        report["median_ms"][name]["control"] = control * 1e3
+        report["overhead"][name + "_control"] = control / off - 1.0
+        print(f"{name}: control (off against off) {control / off - 1:+.2%}: the method's own spread")
     print(f"hooks: {per_step * 1e6:.1f} us a step (a collective and a mark), {per_message * 1e6:.0f} us a message "
           f"(twice a second: {per_message * 2:.3%} of a core)")
     write_report(args.out, report)
