@@ -197,8 +197,10 @@ def _hosts_from(args: argparse.Namespace) -> list[tuple[str, int | None]]:
 
 
 def _mpi_library_version() -> str:
-    # Asked in a child process: importing mpi4py.MPI here would initialise MPI in this process.
-    code = "from mpi4py import MPI; print(MPI.Get_library_version().strip().splitlines()[0])"
+    # Asked in a child process, which does not initialise MPI (MPI_Get_library_version may be called
+    # before MPI_Init): Open MPI 5.0's singleton left its 16 MiB shared-memory segment in /dev/shm.
+    code = ("import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False; from mpi4py import MPI; "
+            "print(MPI.Get_library_version().strip().splitlines()[0])")
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:

@@ -34,8 +34,11 @@ def test_mpi4py_loads_this_venvs_mpi_and_there_is_no_mpich_wheel() -> None:
 
 
 def test_mpinb_info_passes_its_two_rank_check() -> None:
+    before = set(os.listdir("/dev/shm"))
     done = subprocess.run([str(Path(sys.executable).parent / "mpinb"), "info"], capture_output=True, text=True,
                           timeout=300)
+    # Nothing of MPI's left behind (Open MPI 5.0's singletons leave their shared-memory segment).
+    assert not set(os.listdir("/dev/shm")) - before, sorted(set(os.listdir("/dev/shm")) - before)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(rf"MPI library +{re.escape(LIBRARY)}", done.stdout), done.stdout
     assert "2 MPI ranks: shard_bounds split 1000 rows, allreduce summed them to 499500 (expected 499500)" in done.stdout
