@@ -34,10 +34,16 @@ __all__ = [
     "revocation_reaches", "step",
 ]
 
-class Phase(Enum):
-    """Where an operation stands. ``code``: the word the status board stores; ``text``: its name in
-    the docs. ``rules``: the table's rules from this phase, by event (filled below the table: a step
-    looks its event up there, with no hash of the member)."""
+class _Worded(Enum):
+    """A member made of ``code`` (the word the status board stores) and ``text`` (its name in the docs)."""
+
+    def __init__(self, code: int, text: str) -> None:
+        self.code, self.text = code, text
+
+
+class Phase(_Worded):
+    """Where an operation stands. ``rules``: the table's rules from this phase, by event (filled
+    below the table: a step looks its event up there, with no hash of the member)."""
 
     IDLE = 0, "idle"
     ARRIVING = 1, "arriving"
@@ -45,20 +51,17 @@ class Phase(Enum):
     SWITCHING = 3, "switching"
 
     def __init__(self, code: int, text: str) -> None:
-        self.code, self.text = code, text
+        super().__init__(code, text)
         self.rules: dict[str, Rule] = {}
 
 
-class Outcome(Enum):
-    """How an operation left (``code``: the board's word, never 0, which means "not left")."""
+class Outcome(_Worded):
+    """How an operation left (``code`` is never 0, which on the board means "not left")."""
 
     DONE = 1, "done"
     FAILED = 2, "failed"
     TIMED_OUT = 3, "timed out"
     ABANDONED = 4, "abandoned"
-
-    def __init__(self, code: int, text: str) -> None:
-        self.code, self.text = code, text
 
 
 IDLE, ARRIVING, MOVING, SWITCHING = Phase  # module names: read on every step, and quicker than Phase.X
