@@ -64,6 +64,17 @@ class ExitOrder:
                     return next(iter(mine)) if len(mine) == 1 else None
         return None
 
+    def together(self, pids: Iterable[int]) -> set[int]:
+        """The ones of ``pids`` found ended at the first wake-up that found any, when they were
+        several (the order among them is unknown); empty otherwise."""
+        wanted = set(pids)
+        with self._lock:
+            for ended in self._rounds:
+                mine = ended & wanted
+                if mine:
+                    return mine if len(mine) > 1 else set()
+        return set()
+
     def close(self) -> None:
         """Stop watching; the thread ends and every descriptor is closed."""
         with self._lock:

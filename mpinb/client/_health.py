@@ -90,10 +90,14 @@ def ask_every_engine(client: Any, ids_by_rank: list[int], timeout: float) -> Hea
     return Health(answered=answered, silent=silent, seconds=time.perf_counter() - t0, dead=sorted(dead))
 
 
-def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_pid: int | None = None) -> str | None:
+def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_pid: int | None = None,
+           together: set[int] | frozenset[int] = frozenset()) -> str | None:
     """Which rank died first, and how, from the engine launchers' output of ``cluster`` (an
     ``ipyparallel.Cluster``); ``None`` when they report no death. ``first_pid``: the engine process
-    this host saw end first and alone, if any (:class:`mpinb.client._exits.ExitOrder`). The signal
+    this host saw end first and alone, if any (:class:`mpinb.client._exits.ExitOrder`);
+    ``together``: the engine processes it found ended at once instead, whose order nothing else
+    tells (their nannies log in whatever order a loaded host runs them): the report names them
+    all rather than guess one, unless a rank's own Python reported a fatal signal. The signal
     a rank's own Python reported (a native abort, a segfault) and its last lines of stderr come
     from the relayed output (:mod:`mpinb.client._engine_output`)."""
     relays = relays_of(cluster)
@@ -112,6 +116,13 @@ def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_p
             order = [int(m["pid"]) for m in NANNY_SAW_EXIT.finditer(text)]
             pids = [engine_pids[rank] for rank in fatal]
             first_pid = min(pids, key=lambda pid: order.index(pid) if pid in order else len(order))
+    if first_pid is None and len(together) > 1 and NANNY_SAW_EXIT.search(text):
+        ranks = sorted(engine_pids.index(pid) for pid in together if pid in engine_pids)
+        engines = ", ".join(str(ids_by_rank[rank]) for rank in ranks)
+        pids = ", ".join(str(engine_pids[rank]) for rank in ranks)
+        return (f"one of {_ranks(ranks)} (engines {engines}; pids {pids}) died first: they ended too close "
+                "together for this host to tell which; MPI ended the other ranks with it: cluster.restart() "
+                "starts a fresh set of engines.")
     found: list[str] = []
     quoted: list[str] = []
     for engine, pid, how in engine_deaths(text, first_pid):

@@ -227,7 +227,8 @@ class MPICluster:
             if lost is not None:
                 return lost
         first = self._exits.first(self._engine_pids) if self._exits is not None else None
-        return _health.deaths(self.cluster, self._ids_by_rank, self._engine_pids, first)
+        together = self._exits.together(self._engine_pids) if self._exits is not None else set()
+        return _health.deaths(self.cluster, self._ids_by_rank, self._engine_pids, first, together)
 
     def on_start(self, code: str) -> None:
         """Run ``code`` on every engine now, and again on the fresh engines after every :meth:`restart`. Client.

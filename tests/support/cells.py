@@ -38,3 +38,20 @@ def errors_by_rank(cluster: Any, ar: Any, hang: float) -> dict[int, str]:
         rank_of = {eid: r for r, eid in enumerate(cluster.ids_by_rank)}
         return {rank_of[info["engine_id"]]: f"{name}: {value}" for name, value, _, info in err.elist}
     return {}
+
+
+def names_the_dead_rank(deaths: str | None, rank: int, engine: int, pid: int, how: str = r"( \(SIGKILL\))?") -> bool:
+    """Whether ``deaths`` (``MPICluster.deaths()``) says that ``rank`` died: by name (``how``: a
+    pattern for the signal's words), or among the ranks that ended too close together for the
+    host to tell which was first (a loaded host: the report then names them all, never another
+    rank alone)."""
+    import re
+
+    if deaths is None:
+        return False
+    if re.match(rf"rank {rank} \(engine {engine}, pid {pid}\) died{how}; ", deaths):
+        return True
+    together = re.match(r"one of ranks [\d, -]+ \(engines (?P<engines>[\d, ]+); pids (?P<pids>[\d, ]+)\) died first: "
+                        r"they ended too close together", deaths)
+    return together is not None and str(engine) in together["engines"].split(", ") and (
+        str(pid) in together["pids"].split(", "))

@@ -79,3 +79,23 @@ def test_close_ends_the_thread_and_a_gone_process_is_skipped() -> None:
     assert not thread.is_alive()
     procs[0].kill()
     procs[0].wait()
+
+
+def test_processes_found_ended_together_are_named_together() -> None:
+    procs = _sleepers(3)
+    exits = ExitOrder()
+    try:
+        for p in procs[:2]:
+            p.send_signal(signal.SIGKILL)
+        time.sleep(0.3)
+        pids = [p.pid for p in procs]
+        exits.watch(pids)
+        assert _until(lambda: exits._rounds or None) == [set(pids[:2])]
+        assert exits.together(pids) == set(pids[:2])
+        assert exits.together(pids[1:]) == set()  # of those asked about, one alone ended first
+        assert exits.first(pids[1:]) == pids[1]
+    finally:
+        exits.close()
+        for p in procs:
+            p.kill()
+            p.wait()
