@@ -56,24 +56,34 @@ class ExitOrder:
 
     def first(self, pids: Iterable[int]) -> int | None:
         """The one of ``pids`` that ended first and alone; None if none ended, or several at once."""
-        wanted = set(pids)
-        with self._lock:
-            for ended in self._rounds:
-                mine = ended & wanted
-                if mine:
-                    return next(iter(mine)) if len(mine) == 1 else None
-        return None
+        mine = self._first_round(pids)
+        return next(iter(mine)) if len(mine) == 1 else None
 
     def together(self, pids: Iterable[int]) -> set[int]:
         """The ones of ``pids`` found ended at the first wake-up that found any, when they were
         several (the order among them is unknown); empty otherwise."""
+        mine = self._first_round(pids)
+        return mine if len(mine) > 1 else set()
+
+    def _first_round(self, pids: Iterable[int]) -> set[int]:
+        """Those of ``pids`` in the first wake-up that found any ended. When the thread has not
+        run since they ended (a loaded host), a look now is one more wake-up: what is ended at
+        this moment, alone or together, is as true as what the thread would have seen later."""
         wanted = set(pids)
         with self._lock:
             for ended in self._rounds:
-                mine = ended & wanted
-                if mine:
-                    return mine if len(mine) > 1 else set()
-        return set()
+                if ended & wanted:
+                    return ended & wanted
+            mine = {fd: pid for fd, pid in self._fds.items() if pid in wanted}
+            if not mine:
+                return set()
+            poller = select.poll()
+            for fd in mine:
+                poller.register(fd, select.POLLIN)
+            ended = {mine[fd] for fd, _ in poller.poll(0)}
+            if ended:  # the thread, when it runs, finds the same fds ready and records them after
+                self._rounds.append(ended)
+            return ended
 
     def close(self) -> None:
         """Stop watching; the thread ends and every descriptor is closed."""

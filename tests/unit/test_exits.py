@@ -99,3 +99,39 @@ def test_processes_found_ended_together_are_named_together() -> None:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_look_now_stands_in_for_a_thread_that_has_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A loaded host may not run the watching thread before deaths() asks: what has ended at the
+    # moment of asking is then the first wake-up, alone or together.
+    import mpinb.client._exits as exits_module
+
+    class Asleep:
+        def __init__(self, **_: object) -> None:
+            pass
+
+        def start(self) -> None:
+            pass
+
+        def join(self, timeout: float | None = None) -> None:
+            pass
+
+    monkeypatch.setattr(exits_module.threading, "Thread", Asleep)
+    procs = _sleepers(3)
+    exits = ExitOrder()
+    try:
+        pids = [p.pid for p in procs]
+        exits.watch(pids)
+        assert exits.first(pids) is None and exits._rounds == []
+        procs[2].send_signal(signal.SIGKILL)
+        assert _until(lambda: exits.first(pids)) == pids[2]
+        for p in procs[:2]:
+            p.send_signal(signal.SIGKILL)
+        time.sleep(0.3)
+        assert exits.first(pids) == pids[2] and exits.together(pids) == set()
+        assert exits.together(pids[:2]) == set(pids[:2])  # asked alone about these two: found together
+    finally:
+        exits.close()
+        for p in procs:
+            p.kill()
+            p.wait()
