@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["alias_exported_name", "built_for", "compile_generation", "host_view", "in_xla_context",
-           "overrides_train_step", "retrace", "serialise_as", "set_steps_per_execution", "traced_step",
-           "use_traced_step", "wrap_train_function"]
+__all__ = ["alias_exported_name", "built_for", "compile_generation", "in_xla_context", "retrace", "serialise_as",
+           "set_steps_per_execution", "traced_step", "use_traced_step"]
 
 
 def retrace(model: Any) -> None:
@@ -39,45 +38,6 @@ def traced_step(model: Any) -> Any:
 def use_traced_step(model: Any, function: Any) -> None:
     """Make the next ``fit`` run ``function``, a step :func:`traced_step` returned earlier (see there)."""
     model.train_function = function
-
-
-def wrap_train_function(model: Any, wrap: Any) -> None:
-    """Make the next ``fit`` run ``wrap(step)``, where ``step`` is the train function Keras builds
-    for the model's current ``train_step`` (traced at its first call).
-
-    Public in part: ``make_train_function(force=True)`` builds Keras's function into
-    ``model.train_function`` (private, as in :func:`retrace`), which ``fit`` then uses as it is
-    (Keras 3.15.1 rebuilds it only when it is ``None``). Fallback, if Keras stops reading it:
-    ``fit`` builds its own function, whose step returns the logs with the packed gradients, and
-    fails at its first step; mpinb.keras's tests would say so at once.
-    """
-    model.make_train_function(force=True)
-    model.train_function = wrap(model.train_function)
-
-
-def overrides_train_step(model: Any) -> bool:
-    """Whether the model's class defines its own ``train_step`` (not Keras's backend trainer's).
-
-    Public API (``train_step`` is Keras's documented override point); the backend trainer's
-    module is private (``keras.src.backend.<backend>.trainer``). Fallback: a class of Keras's
-    own ``keras.src`` tree counts as Keras's.
-    """
-    found = next((klass for klass in type(model).__mro__ if "train_step" in vars(klass)), None)
-    return found is not None and not found.__module__.startswith("keras.")
-
-
-def host_view(tensor: Any) -> Any:
-    """A writable NumPy view of an eager tensor on the host, sharing its buffer.
-
-    Private: ``EagerTensor._numpy()`` (TensorFlow 2.21.0); the public ``numpy()`` copies. Used
-    only on a tensor mpinb made and alone holds (:mod:`mpinb.keras._split`). Fallback: a clear
-    error; ``numpy()`` would give a copy, so the step would apply the tensor unaveraged.
-    """
-    view = getattr(tensor, "_numpy", None)
-    if view is None:
-        raise RuntimeError("this TensorFlow gives no view of a tensor's buffer; mpinb's split train step "
-                           "cannot run (set TensorExchange.split_step = False).")
-    return view()
 
 
 def compile_generation(model: Any) -> Any:

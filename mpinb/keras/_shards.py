@@ -70,7 +70,6 @@ def weighted_by_rows(model: Any, plan: BatchPlan, shards: str, exchange: TensorE
         rows = [int(sizes[:, r].sum()) for r in range(size)]
         metrics.weights, sync.share = rows, rows[rank] / sum(rows)
         empty_steps = bool(sizes[:, rank].min() == 0)
-        any_empty = bool(sizes.min() == 0)
     else:
         def weigh_epoch(rows: list[int]) -> None:
             metrics.weights = rows
@@ -78,7 +77,6 @@ def weighted_by_rows(model: Any, plan: BatchPlan, shards: str, exchange: TensorE
 
         loop.weigh_epoch = weigh_epoch
         empty_steps = plan.batches is not None and plan.batches[rank] < plan.steps
-        any_empty = plan.batches is not None and min(plan.batches) < plan.steps
     if exchange is not None:
         if plan.sizes is not None:
             # Also on one rank: accumulated micro-steps count by their rows (the epoch's last is smaller).
@@ -86,12 +84,8 @@ def weighted_by_rows(model: Any, plan: BatchPlan, shards: str, exchange: TensorE
         else:
             exchange.weigh_by_batch(True)
     guard = [v for v in model.non_trainable_variables if np.dtype(str(v.dtype)).kind == "f"] if empty_steps else []
-    # Whether the exchange leaves the graph is decided alike on every rank (the same message), so
-    # on whether any rank has steps without rows.
-    counter = StepRows.enter(model, exchange=exchange, guard=guard, skip_empty=empty_steps, any_empty=any_empty)
+    counter = StepRows.enter(model, exchange=exchange, guard=guard, skip_empty=empty_steps)
     loop.rows = counter
-    if exchange is not None:
-        loop.history["params"]["exchange"] = counter.exchange
     completed = False
     try:
         yield

@@ -15,7 +15,6 @@ from typing import Any
 import keras
 
 from mpinb.keras import _compat
-from mpinb.keras._split import SplitStep, why_not_split
 
 __all__ = ["StepRows"]
 
@@ -43,43 +42,33 @@ class StepRows:
 
         self.seen = tf.Variable(0, dtype=tf.int64, trainable=False, name="mpinb_rows_seen")
         self.depends: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # see enter()
-        self.exchange = "inside the step"  # where the gradient exchange runs, for fit's history
 
     @classmethod
     def enter(cls, model: Any, *, exchange: Any = None, guard: list[Any] | None = None,
-              skip_empty: bool = False, any_empty: bool = False) -> StepRows:
+              skip_empty: bool = False) -> StepRows:
         """A counter installed on ``model`` for one fit: the one its last completed fit traced, with
         that trace, when nothing the trace depends on has changed since, else a new one (retraced).
 
         A trace depends on the objects it closes over or calls (the exchange, the optimizer, the
         compiled loss and metrics, the guarded variables) and on values read while tracing (the
-        exchange's weighting and accumulation, steps per execution, XLA, eager mode).
-
-        ``any_empty``: some rank (maybe another) has steps without rows; the exchange then stays
-        in the step on every rank (:func:`~mpinb.keras._split.why_not_split`), since where it runs
-        decides what goes over the wire."""
+        exchange's weighting and accumulation, steps per execution, XLA, eager mode)."""
         guard = list(guard or [])
         generation = _compat.compile_generation(model)
-        why_not = None if exchange is None else why_not_split(model, exchange, skip_empty or any_empty)
-        split = exchange is not None and why_not is None
         depends = None if generation is None else (
             (exchange, model.optimizer, generation, *guard),
             (None if exchange is None else (exchange.by_batch, exchange.accumulate),
-             getattr(model, "steps_per_execution", 1), model.jit_compile, model.run_eagerly, len(guard), skip_empty,
-             split),
+             getattr(model, "steps_per_execution", 1), model.jit_compile, model.run_eagerly, len(guard), skip_empty),
         )
         kept = vars(model).pop(KEPT, None)
         if depends is not None and kept is not None and _same(kept[0].depends, depends):
             counter, step, function = kept
             counter.seen.assign(0)
-            counter.exchange = _exchange_words(why_not)
             model.train_step = step
             _compat.use_traced_step(model, function)
             return counter
         counter = cls()
         counter.depends = depends
-        counter.exchange = _exchange_words(why_not)
-        counter.install(model, exchange=exchange, guard=guard, skip_empty=skip_empty, split=split)
+        counter.install(model, exchange=exchange, guard=guard, skip_empty=skip_empty)
         return counter
 
     def leave(self, model: Any, *, completed: bool) -> None:
@@ -96,12 +85,8 @@ class StepRows:
         return int(self.seen.numpy())
 
     def install(self, model: Any, *, exchange: Any = None, guard: list[Any] | None = None,
-                skip_empty: bool = False, split: bool = False) -> None:
+                skip_empty: bool = False) -> None:
         """Wrap ``model.train_step`` (an instance attribute over the class's method) and retrace.
-
-        With ``split`` (:func:`mpinb.keras._split.why_not_split` found nothing against it), the
-        traced step ends with the gradients packed, and ``fit``'s train function exchanges and
-        applies them between two traced calls (:mod:`mpinb.keras._split`).
 
         With ``skip_empty`` (this rank may have steps without rows), a step of no rows never runs
         the model: TensorFlow's kernels are not all defined on empty tensors (with oneDNN, the
@@ -114,8 +99,7 @@ class StepRows:
         original = model.train_step
         guarded = list(guard or [])
         seen = self.seen
-        halves = SplitStep(model.optimizer, exchange) if split else None
-        if (skip_empty or split) and model.optimizer is not None and not model.optimizer.built:
+        if skip_empty and model.optimizer is not None and not model.optimizer.built:
             # Built now, outside the traced step: the update runs inside a tf.cond branch, where no
             # variable may be created.
             model.optimizer.build(model.trainable_variables)
@@ -141,7 +125,6 @@ class StepRows:
             seen.assign_add(rows)
             if exchange is not None:
                 exchange.step_rows = tf.cast(rows, tf.float32)
-                exchange.capturing = halves
             try:
                 if skip_empty:
                     # The branch with rows is traced first (tf.cond's order): it gives the structure.
@@ -151,15 +134,12 @@ class StepRows:
             finally:
                 if exchange is not None:
                     exchange.step_rows = None  # a trace-time handoff: no graph tensor outlives its trace
-                    exchange.capturing = None
             for v, b in zip(guarded, before, strict=True):
                 v.assign(tf.where(tf.math.is_finite(v.value), v.value, b))
-            return out if halves is None else (out, halves.take_packed())
+            return out
 
         model.train_step = train_step
         _compat.retrace(model)
-        if halves is not None:
-            _compat.wrap_train_function(model, halves.train_function)
 
     @staticmethod
     def remove(model: Any) -> None:
@@ -167,11 +147,6 @@ class StepRows:
         if "train_step" in vars(model):
             del model.train_step
             _compat.retrace(model)
-
-
-def _exchange_words(why_not: str | None) -> str:
-    """Where the gradient exchange runs, as fit's ``history["params"]["exchange"]`` says it."""
-    return "between two traced calls" if why_not is None else f"inside the step ({why_not})"
 
 
 def _unchanged_logs(model: Any, specs: Any) -> Any:

@@ -127,19 +127,10 @@ class _AllreduceGradients:
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         grads = list(grads)
         ex = self._mpinb_exchange
-        if grads and ex.capturing is not None:
-            # fit's split step is being traced: its first half ends here with the gradients packed;
-            # the exchange and this update run after it (mpinb.keras._split).
-            ex.capturing.capture(grads, trainable_variables, ex.batch_rows())
-            return None
         if grads and ex.accumulate > 1:
             return self._mpinb_accumulate(grads, trainable_variables)
         if grads:
             grads = ex.average(grads, ex.batch_rows())
-        return super().apply(grads, trainable_variables)  # type: ignore[misc]
-
-    def _mpinb_apply_averaged(self, grads: list[Any], trainable_variables: Any) -> Any:
-        """The wrapped optimizer's own update, of gradients already averaged (fit's split step)."""
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
 
     def _mpinb_accumulate(self, grads: list[Any], trainable_variables: Any) -> Any:
@@ -194,10 +185,6 @@ class TensorExchange(GradientExchange):
     # None: pack in the graph where TensorFlow has a GPU (see _packs_in_graph); True or False: always
     # or never. Read when a step is traced.
     pack_in_graph: bool | None = None
-    # None: mpinb.keras.fit runs the exchange between two traced calls where it can (on a CPU,
-    # mpinb.keras._split); False: always inside the step; True: out of it even where TensorFlow
-    # has a GPU. Read when fit's step is traced.
-    split_step: bool | None = None
 
     def __init__(self, comm: Any, *, accumulate: int = 1, check_finite: bool = True) -> None:
         super().__init__(comm, accumulate=accumulate, check_finite=check_finite)
@@ -206,9 +193,6 @@ class TensorExchange(GradientExchange):
         # (mpinb.keras._step) while that step is traced.
         self.step_rows: Any = None
         self._slots: dict[Any, Any] = {}  # by dtype, the packed array's last element, read at run time
-        # While fit's split step is traced: its mpinb.keras._split.SplitStep, which the optimizer's
-        # apply hands the gradients to instead of updating.
-        self.capturing: Any = None
 
     def batch_rows(self) -> Any:
         """The traced step's rows when gradients are weighted by them as the step runs
@@ -300,20 +284,6 @@ class TensorExchange(GradientExchange):
             return bool(self.pack_in_graph)
         return bool(tf.config.list_logical_devices("GPU"))
 
-    def rows_slot(self, dtype: Any, rows: Any) -> Any:
-        """The last element of a packed step (traced): this rank's ``rows``, or 0, read from a
-        variable as the step runs, so that TensorFlow can never fold the packing into a constant."""
-        import tensorflow as tf
-
-        if dtype not in self._slots:
-            with tf.init_scope():  # made outside the step being traced, so any trace may make it
-                self._slots[dtype] = tf.Variable(tf.zeros([1], dtype), trainable=False, name="mpinb_exchange_slot")
-        if rows is not None:
-            # Through the variable too: a step without rows sends zero gradients, and where its
-            # pipeline's batches have a static 0 rows the rows are a constant as well.
-            self._slots[dtype].assign(tf.reshape(tf.cast(rows, dtype), [1]))
-        return self._slots[dtype].read_value()
-
     def _reduce_packed(self, dense: list[Any], rows: Any) -> list[Any]:
         """The gradients packed by one concatenation, averaged by :meth:`GradientExchange.reduce_packed`
         in place, and split back where they came from.
@@ -325,7 +295,14 @@ class TensorExchange(GradientExchange):
         import tensorflow as tf
 
         dtype = dense[0].dtype
-        slot = self.rows_slot(dtype, rows)
+        if dtype not in self._slots:
+            with tf.init_scope():  # made outside the step being traced, so any trace may make it
+                self._slots[dtype] = tf.Variable(tf.zeros([1], dtype), trainable=False, name="mpinb_exchange_slot")
+        if rows is not None:
+            # Through the variable too: a step without rows sends zero gradients, and where its
+            # pipeline's batches have a static 0 rows the rows are a constant as well.
+            self._slots[dtype].assign(tf.reshape(tf.cast(rows, dtype), [1]))
+        slot = self._slots[dtype].read_value()
         sizes = [g.shape.num_elements() for g in dense]
         packed = tf.concat([tf.reshape(g, [-1]) for g in dense] + [slot], axis=0)
         summed = tf.numpy_function(self.reduce_packed, [packed], dtype, stateful=True, name="mpinb_allreduce")

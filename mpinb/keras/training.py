@@ -195,8 +195,7 @@ def fit(
         rows), ``"rows_used"`` (per epoch, the rows each rank trained on), ``"compute_seconds"`` and
         ``"comm_seconds"`` (per epoch, per rank; the latter waiting included), ``"wait_seconds"`` (the part of
         ``comm_seconds`` spent waiting for the slowest rank: load imbalance, not data transfer), ``"steps"`` per
-        epoch, and ``"params"`` (among them ``"exchange"``: where the gradient exchange ran,
-        ``"between two traced calls"`` or ``"inside the step (why)"``).
+        epoch, and ``"params"``.
 
     Raises
     ------
@@ -420,7 +419,7 @@ def _this_fit(model: Any, exchange: TensorExchange | None, accumulate: int, per_
         yield
     except Exception as err:
         original = None if exchange is None else exchange.take_error()
-        if original is not None and original is not err:
+        if original is not None:
             # The gradient exchange failed inside TensorFlow's step (a CollectiveTimeout naming
             # the missing rank): raise that, not TensorFlow's wrapper around its message.
             raise original from err

@@ -65,18 +65,15 @@ def comm() -> MPI.Comm:
     return COMM
 
 
-@pytest.fixture(params=["split", "numpy", "graph"])
+@pytest.fixture(params=["numpy", "graph"])
 def packing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The three ways the Keras gradient exchange runs, here on a CPU: between two traced calls,
-    packed by the first (``split``, fit's default on a CPU where it can split), inside the step
-    packed in NumPy (``numpy``, the default where fit cannot split), and inside the step packed
-    in the graph, crossing to NumPy as one array (``graph``, a GPU's default)."""
+    """Both ways the Keras gradient exchange packs a step's gradients, here on a CPU: in NumPy (a
+    CPU's default) and in the graph, crossing to NumPy as one array (a GPU's default)."""
     from mpinb.keras.optimizer import TensorExchange
 
-    if request.param != "numpy" and COMM.Get_size() == 1:
-        pytest.skip("one rank exchanges nothing: every way is the same step")
-    monkeypatch.setattr(TensorExchange, "pack_in_graph", True if request.param == "graph" else None)
-    monkeypatch.setattr(TensorExchange, "split_step", None if request.param == "split" else False)
+    if request.param == "graph" and COMM.Get_size() == 1:
+        pytest.skip("one rank exchanges nothing: both packings are the same step")
+    monkeypatch.setattr(TensorExchange, "pack_in_graph", request.param == "graph")
     return request.param
 
 
