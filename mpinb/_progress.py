@@ -116,7 +116,7 @@ def stop() -> None:
 
 
 def _on_cell(event: str, cell: Any, error: BaseException | None) -> None:
-    if event == "begin":
+    if event == "begin" and not cell.plumbing:  # the user's cells: not pull's getter or a probe
         _state.cells += 1
         _state.cell_began = time.monotonic()
 

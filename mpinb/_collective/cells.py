@@ -24,12 +24,14 @@ _COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class Cell:
-    """One cell: its id (0: no cell) and the engine ids it was sent to (``None``: not known)."""
+    """One cell: its id (0: no cell), the engine ids it was sent to (``None``: not known), and
+    whether it is ``plumbing``: a function of mpinb's or ipyparallel's own that the client applied
+    (``cluster.pull``, ``healthy()``), which the rank panel does not count as the user's cell."""
 
-    __slots__ = ("id", "targets")
+    __slots__ = ("id", "plumbing", "targets")
 
-    def __init__(self, id: int, targets: tuple[int, ...] | None = None) -> None:
-        self.id, self.targets = id, targets
+    def __init__(self, id: int, targets: tuple[int, ...] | None = None, plumbing: bool = False) -> None:
+        self.id, self.targets, self.plumbing = id, targets, plumbing
 
     def __repr__(self) -> str:
         return f"Cell({self.id}, targets={self.targets})"
@@ -249,13 +251,19 @@ def _applied_functions_are_cells() -> None:
     engine_kernel.unpack_apply_message = unpack_apply_message
 
 
+def _is_plumbing(f: Callable[..., Any]) -> bool:
+    """Whether ``f`` is mpinb's or ipyparallel's own (``pull``'s getter, a health probe), not the user's."""
+    module = getattr(f, "__module__", None) or ""
+    return module.split(".")[0] in ("mpinb", "ipyparallel")
+
+
 def _as_cell(f: Callable[..., Any]) -> Callable[..., Any]:
     def cell(*args: Any, **kwargs: Any) -> Any:
         if _current is not _NONE:
             return f(*args, **kwargs)  # applied from inside a cell: that cell's
         from mpinb._collective import cell_end_check
 
-        _begin()
+        _begin(plumbing=_is_plumbing(f))
         error: BaseException | None = None
         try:
             return cell_end_check(f(*args, **kwargs))
@@ -280,7 +288,7 @@ def _engine_shell() -> Any:
     return shell if kernel is not None and hasattr(kernel, "engine_id") else None
 
 
-def _begin() -> None:
+def _begin(plumbing: bool = False) -> None:
     global _current, _count
     metadata: dict[str, Any] = {}
     kernel: Any = getattr(_shell, "kernel", None)
@@ -292,10 +300,10 @@ def _begin() -> None:
     stamped = metadata.get(CELL_KEY)
     if isinstance(stamped, int) and stamped > 0:
         targets = metadata.get(TARGETS_KEY)
-        cell = Cell(stamped, tuple(int(t) for t in targets) if isinstance(targets, list) else None)
+        cell = Cell(stamped, tuple(int(t) for t in targets) if isinstance(targets, list) else None, plumbing)
     else:
         _count += 1
-        cell = Cell(_count)
+        cell = Cell(_count, plumbing=plumbing)
     _current = cell
     for listener in list(_listeners):
         listener("begin", cell, None)

@@ -304,3 +304,29 @@ def test_an_interrupt_while_ipython_shows_a_cells_error_keeps_that_error(capsys)
     assert isinstance(result.error_in_exec, ValueError)
     assert "rank 0 gave up on allreduce #3" in shown.out + shown.err
     assert "KeyboardInterrupt" not in shown.out + shown.err, shown
+
+
+def test_the_rank_panel_counts_the_user_s_cells_not_the_client_s_own_calls() -> None:
+    # cluster.pull (ipyparallel's getter) and healthy() (mpinb's probe) run as cells, so that their
+    # collectives are checked like any; the panel's "cell N" counts only the user's.
+    from mpinb import _progress
+    from mpinb._collective import cells
+    from mpinb._engine import rank as rank_here
+
+    seen: list[bool] = []
+    cells.on_cell(lambda event, cell, error: seen.append(cell.plumbing) if event == "begin" else None)
+    before = _progress._state.cells
+    try:
+        cells._as_cell(rank_here)()
+        def getter() -> int:  # as ipyparallel's own pull getter is
+            return 1
+
+        getter.__module__ = "ipyparallel.util"
+        cells._as_cell(getter)()
+        for cell in (cells.Cell(1, plumbing=True), cells.Cell(2)):
+            _progress._on_cell("begin", cell, None)
+        cells._as_cell(lambda: 1)()  # the user's own function
+    finally:
+        cells._listeners.pop()
+    assert seen == [True, True, False]
+    assert _progress._state.cells == before + 1
