@@ -6,7 +6,8 @@ protocol table) notes which collective this rank is in and since when, and split
 into *wait* (arrived, the others not yet), *exchange* (data moving) and *compute* (the rest); a
 fit's :class:`mpinb.live.Progress` marks its steps (a k-means iteration, a Keras epoch, or a Keras
 train step through :meth:`~mpinb.live.Progress.batch`). A daemon thread publishes a snapshot through
-ipyparallel's data publication twice a second while a cell runs, and once when it ends: a side
+ipyparallel's data publication twice a second while a cell runs (once where a host runs more ranks
+than cores), and once when it ends: a side
 channel that never waits for the running cell, and costs the cell nothing but the observer's few
 clock reads per collective. Where nobody asked (:func:`start` not called: plain ``mpiexec``, a
 plain Python process), nothing is observed and nothing runs.
@@ -55,11 +56,13 @@ class _State:
         self.active = False  # start() was called: the fits' hooks record
         self.cells = 0  # cells begun on this engine since start(): the number the panel shows
         self.cell_began = 0.0
+        self.ended = False  # a cell ended since the last message: publish now (see _publish_loop)
 
 
 _state = _State()
 _thread: threading.Thread | None = None
 _halt = threading.Event()
+_wake = threading.Event()  # a cell ended: publish its end now, not at the next tick
 
 
 def start(interval: float = _INTERVAL) -> bool:
@@ -92,6 +95,7 @@ def start(interval: float = _INTERVAL) -> bool:
     cells.on_cell(_on_cell)
     if _thread is None or not _thread.is_alive():
         _halt.clear()
+        _wake.clear()
         _thread = threading.Thread(target=_publish_loop, args=(float(interval),), name="mpinb-progress", daemon=True)
         _thread.start()
     return True
@@ -105,6 +109,7 @@ def stop() -> None:
 
     _state.active = False
     _halt.set()
+    _wake.set()
     if _thread is not None:
         _thread.join(timeout=2.0)
         _thread = None
@@ -116,9 +121,14 @@ def stop() -> None:
 
 
 def _on_cell(event: str, cell: Any, error: BaseException | None) -> None:
-    if event == "begin" and not cell.plumbing:  # the user's cells: not pull's getter or a probe
+    if cell.plumbing:  # the user's cells only: not pull's getter or a probe
+        return
+    if event == "begin":
         _state.cells += 1
         _state.cell_began = time.monotonic()
+    else:  # its end reaches the panel at once, even for a cell shorter than the publishing interval
+        _state.ended = True
+        _wake.set()
 
 
 def running() -> bool:
@@ -342,9 +352,14 @@ def _publish_loop(interval: float) -> None:
     from mpinb.live import _data_publisher
 
     last_cell = 0
-    while not _halt.wait(interval * (2 if _crowded() else 1)):
+    while True:
+        _wake.wait(interval * (2 if _crowded() else 1))
+        if _halt.is_set():
+            return
+        _wake.clear()
         cell = cells.current().id
-        if not cell and not last_cell:
+        ended, _state.ended = _state.ended, False
+        if not cell and not last_cell and not ended:
             continue  # idle, and the client has the idle state already
         last_cell = cell
         try:

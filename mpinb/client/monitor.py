@@ -2,10 +2,10 @@
 time split, how much memory it holds -- updated while cells run, the slowest rank marked.
 
 Client. The ranks publish their state themselves (:mod:`mpinb._progress`, through ipyparallel's data
-publication, twice a second while a cell runs); this side only reads what the client has received,
-so the panel never queues work behind a running cell. The derivation from messages to rows is pure
-(:func:`latest`, :func:`slowest`, :func:`rows`, :func:`text_table`, :func:`html_table`) and tested
-without a cluster.
+publication, twice a second while a cell runs, once on a host with more ranks than cores); this side
+only reads what the client has received, so the panel never queues work behind a running cell. The
+derivation from messages to rows is pure (:func:`latest`, :func:`slowest`, :func:`rows`,
+:func:`text_table`, :func:`html_table`) and tested without a cluster.
 """
 
 from __future__ import annotations

@@ -258,3 +258,35 @@ def test_whom_a_rank_waits_for_comes_from_the_status_board_of_its_host(engine: A
     assert _progress._op_state(op)["waiting_for"] == [2, 3]
     rows[2] = SimpleNamespace(gen=2, index=1)  # a later generation: it has been past #5 already
     assert _progress._op_state(op)["waiting_for"] == [3]
+
+
+def test_a_cell_shorter_than_the_interval_reaches_the_panel_when_it_ends(engine: Any,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from mpinb import live
+    from mpinb._collective import cells
+
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(live, "_data_publisher", lambda: SimpleNamespace(publish_data=sent.append))
+    monkeypatch.setattr(_progress, "_halt", threading.Event())
+    monkeypatch.setattr(_progress, "_wake", threading.Event())
+    thread = threading.Thread(target=_progress._publish_loop, args=(30.0,), daemon=True)
+    thread.start()
+    try:
+        _progress._on_cell("begin", cells.Cell(5, plumbing=True), None)
+        _progress._on_cell("end", cells.Cell(5, plumbing=True), None)  # cluster.pull's getter: nothing sent
+        time.sleep(0.3)
+        assert sent == []
+        _progress._on_cell("begin", cells.Cell(6), None)
+        _progress._on_cell("end", cells.Cell(6), None)  # the user's 0.0 s cell, 30 s before the next tick
+        deadline = time.monotonic() + 5
+        while not sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(sent) == 1 and sent[0][_progress.KEY]["cell"] == 0  # idle, as it is after the cell
+        assert engine.cells == 1
+    finally:
+        _progress._halt.set()
+        _progress._wake.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
