@@ -7,9 +7,9 @@
 A real ``MPICluster``: "on" is what every cluster does from its start (``mpinb._progress.start``: the
 collective layer's step observer, the fits' step marks, and a thread publishing each rank's state
 through ipyparallel twice a second while a cell runs, once where ranks outnumber cores); "off" is
-``mpinb._progress.stop()``. The two alternate pair by pair (on/off, then off/on), so drift in the host hits both alike. Timed on the
-engines: ``KMeans.fit`` from fixed centres on uniform data (so Lloyd runs every one of its
-``max_iter`` iterations), per iteration; ``mpinb.keras.fit`` of an MLP for one epoch after a warm-up,
+``mpinb._progress.stop()``. The two alternate pair by pair (on/off, then off/on), so drift in the
+host hits both alike. Timed on the engines: ``KMeans.fit`` from fixed centres on uniform data (so
+Lloyd runs every one of its ``max_iter`` iterations), per iteration; ``mpinb.keras.fit`` of an MLP for one epoch after a warm-up,
 per train step; on and off in pairs inside one cell, the order alternating. Reported: each pair's
 times, the medians, the overhead on/off - 1 and the median of the pairs' ratios, a control (off
 against off: the method's own spread); and, since

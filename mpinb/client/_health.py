@@ -119,8 +119,8 @@ def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_p
     if first_pid is None and len(together) > 1 and NANNY_SAW_EXIT.search(text):
         ranks = sorted(engine_pids.index(pid) for pid in together if pid in engine_pids)
         engines = ", ".join(str(ids_by_rank[rank]) for rank in ranks)
-        pids = ", ".join(str(engine_pids[rank]) for rank in ranks)
-        return (f"one of {_ranks(ranks)} (engines {engines}; pids {pids}) died first: they ended too close "
+        numbers = ", ".join(str(engine_pids[rank]) for rank in ranks)
+        return (f"one of {_ranks(ranks)} (engines {engines}; pids {numbers}) died first: they ended too close "
                 "together for this host to tell which; MPI ended the other ranks with it: cluster.restart() "
                 "starts a fresh set of engines.")
     found: list[str] = []

@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import LIBRARY
-from support.cells import names_the_dead_rank
 
 import mpinb
 from mpinb.client.launch import run_mpi
+from support.cells import names_the_dead_rank
 
 OPEN_MPI = LIBRARY == "Open MPI"
 

@@ -111,7 +111,9 @@ def test_ranks_that_ended_together_are_named_together_not_guessed() -> None:
     said = deaths(cluster, [0, 1], [4711, 4712], None, {4711, 4712})
     assert said is not None and said.startswith("one of ranks 0-1 (engines 0, 1; pids 4711, 4712) died first: "
                                                 "they ended too close together"), said
-    assert deaths(cluster, [0, 1], [4711, 4712], 4712, set()).startswith("rank 1 (engine 1, pid 4712) died")
+    named = deaths(cluster, [0, 1], [4711, 4712], 4712, set())
+    assert named is not None and named.startswith("rank 1 (engine 1, pid 4712) died"), named
     # A rank whose own Python reported a fatal signal is named even when the host saw both at once.
     told = _Cluster(_Relay(text, {1: ("SIGSEGV", ["Fatal Python error: Segmentation fault"])}))
-    assert deaths(told, [0, 1], [4711, 4712], None, {4711, 4712}).startswith("rank 1 (engine 1, pid 4712) died (SIGSEGV)")
+    said = deaths(told, [0, 1], [4711, 4712], None, {4711, 4712})
+    assert said is not None and said.startswith("rank 1 (engine 1, pid 4712) died (SIGSEGV)"), said
