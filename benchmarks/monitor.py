@@ -9,10 +9,10 @@ collective layer's step observer, the fits' step marks, and a thread publishing 
 through ipyparallel twice a second while a cell runs, once where ranks outnumber cores); "off" is
 ``mpinb._progress.stop()``. The two alternate pair by pair (on/off, then off/on), so drift in the
 host hits both alike. Timed on the engines: ``KMeans.fit`` from fixed centres on uniform data (so
-Lloyd runs every one of its ``max_iter`` iterations), per iteration; ``mpinb.keras.fit`` of an MLP for one epoch after a warm-up,
-per train step; on and off in pairs inside one cell, the order alternating. Reported: each pair's
-times, the medians, the overhead on/off - 1 and the median of the pairs' ratios, a control (off
-against off: the method's own spread); and, since
+Lloyd runs every one of its ``max_iter`` iterations), per iteration; ``mpinb.keras.fit`` of an MLP
+for one epoch after a warm-up, per train step; on and off in pairs inside one cell, the order
+alternating. Reported: each pair's times, the medians, the overhead on/off - 1 and the median of
+the pairs' ratios, a control (off against off: the method's own spread); and, since
 a shared machine's noise is larger than the effect, the hooks timed alone (per step: one
 collective's three observer calls and one step mark; per message: building the snapshot) as a
 share of the median step. JSON to ``benchmarks/results/monitor.json``.
