@@ -14,10 +14,11 @@ import html
 import threading
 import time
 import weakref
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["RankMonitor", "html_table", "latest", "rows", "slowest", "text_table"]
+__all__ = ["RankMonitor", "html_table", "keep_rank_messages", "latest", "rows", "slowest", "text_table"]
 
 KEY = "mpinb_ranks"  # mpinb._progress.KEY, not imported: that module is the engines'
 _POLL = 0.5  # seconds between looks at what the client received
@@ -251,12 +252,52 @@ class RankMonitor:
                 pass
 
 
+class _KeptMessages(defaultdict):
+    """``client.metadata`` (ipyparallel's requests' metadata by message id) that keeps the rank
+    panel's newest message of each rank when ipyparallel drops a finished request's entry: it
+    drops it as the reply arrives, and a rank's last message of a cell (published as the cell
+    ends) may arrive before the reply."""
+
+    def __init__(self, base: defaultdict) -> None:
+        super().__init__(base.default_factory, base)
+        self.kept: dict[int, Mapping[str, Any]] = {}
+
+    def _keep(self, md: Any) -> None:
+        data = md.get("data") if isinstance(md, Mapping) else None
+        message = data.get(KEY) if isinstance(data, Mapping) else None
+        if isinstance(message, Mapping):
+            self.kept = latest([*self.kept.values(), message])
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        md = super().pop(key, *default)
+        self._keep(md)
+        return md
+
+    def clear(self) -> None:
+        for md in list(self.values()):
+            self._keep(md)
+        super().clear()
+
+
+def keep_rank_messages(client: Any) -> None:
+    """Make ``client`` keep the ranks' panel messages of requests it has finished with. Client;
+    idempotent. Private: ipyparallel 9.2's ``Client.metadata`` is a ``defaultdict`` that it pops
+    on each reply; a subclass keeps its behaviour. Fallback, if it stops being one: nothing is
+    kept, and the panel shows what arrives after a request's reply, as before."""
+    metadata = getattr(client, "metadata", None)
+    if isinstance(metadata, defaultdict) and not isinstance(metadata, _KeptMessages):
+        try:
+            client.metadata = _KeptMessages(metadata)
+        except Exception:  # noqa: BLE001 - a client that refuses it: the fallback above
+            pass
+
+
 def _received(client: Any, n: int) -> list[Mapping[str, Any]]:
     """The ranks' messages among the newest requests' data (the ranks publish under the request
-    they run, or ran last)."""
+    they run, or ran last), and those kept from finished requests (:func:`keep_rank_messages`)."""
     metadata = client.metadata
     ids = [*list(client.history)[-(4 * n + 16):], *list(client.outstanding)]
-    out = []
+    out = list(getattr(metadata, "kept", {}).values())
     for msg_id in dict.fromkeys(ids):
         md = metadata.get(msg_id)
         data = None if md is None else md.get("data")

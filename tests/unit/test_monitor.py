@@ -290,3 +290,25 @@ def test_a_cell_shorter_than_the_interval_reaches_the_panel_when_it_ends(engine:
         _progress._wake.set()
         thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+def test_messages_of_finished_requests_are_kept_when_ipyparallel_drops_them() -> None:
+    # ipyparallel pops a request's metadata when its reply arrives; a rank's last message of a cell
+    # (sent as the cell ends) can arrive just before it, and must not be lost with it.
+    from collections import defaultdict
+
+    client = SimpleNamespace(metadata=defaultdict(dict), history=["a", "b"], outstanding=set())
+    monitor.keep_rank_messages(client)
+    kept = client.metadata
+    monitor.keep_rank_messages(client)
+    assert client.metadata is kept  # idempotent
+    client.metadata["a"]["data"] = {monitor.KEY: message(0, t=1.0)}
+    client.metadata["b"]["data"] = {monitor.KEY: message(1, t=1.0)}
+    client.metadata.pop("a")
+    client.metadata["c"]["data"] = {monitor.KEY: message(0, t=2.0, cell=0)}
+    client.metadata.pop("c", None)
+    client.metadata.pop("missing", None)
+    assert sorted((m["rank"], m["time"]) for m in monitor._received(client, 2)) == [(0, 2.0), (1, 1.0)]
+    client.metadata.clear()
+    assert sorted((m["rank"], m["time"]) for m in monitor._received(client, 2)) == [(0, 2.0), (1, 1.0)]
+    assert isinstance(client.metadata, defaultdict) and client.metadata["new"] == {}
