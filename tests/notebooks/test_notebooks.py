@@ -20,6 +20,7 @@ import nbformat
 import numpy as np
 import psutil
 import pytest
+from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
 from support import saved_outputs
@@ -46,11 +47,17 @@ def run_notebook(name: str, parameters: dict, results: list[str], timeout: int =
     marker = uuid.uuid4().hex
     ipython_dir = tempfile.mkdtemp(prefix="mpinb-nb-ipython-")
     env = dict(os.environ, IPYTHONDIR=ipython_dir, IPP_NONINTERACTIVE="1", MPINB_NOTEBOOK_RUN=marker, MPLBACKEND="module://matplotlib_inline.backend_inline")
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+    # The kernel listens on Unix sockets in the run's own folder: with TCP, jupyter_client picks
+    # free ports that the kernel binds a moment later, and a port another tier took in between
+    # killed the kernel at its start ("Address already in use", CI).
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(ipython_dir, "kernel"))
+    client = NotebookClient(nb, km=km, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
     try:
         client.execute(env=env)
     finally:
+        if km.has_kernel:  # a kernel manager given to nbclient is the caller's to shut down
+            km.shutdown_kernel(now=True)
         leftovers = processes_marked(marker)
         for proc in leftovers:
             proc.kill()
