@@ -17,6 +17,10 @@ from mpinb.client._launcher_output import read_output, relays_of
 __all__ = ["Health", "ask_every_engine", "deaths", "registered"]
 
 _DEATH_REPORT_WAIT = 1.0  # seconds mpiexec's report (with the signal) may follow the nannies'
+# Seconds the nannies' words of a death the controller already knows may take to come through the
+# launcher's output (the nanny tells the controller and writes its log at the same moment; on a
+# loaded CI host the cell's error was once rendered before the log arrived, naming no rank).
+_DEATH_NEWS_WAIT = 3.0
 
 
 @dataclass(frozen=True)
@@ -91,21 +95,28 @@ def ask_every_engine(client: Any, ids_by_rank: list[int], timeout: float) -> Hea
 
 
 def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_pid: int | None = None,
-           together: set[int] | frozenset[int] = frozenset()) -> str | None:
+           together: set[int] | frozenset[int] = frozenset(), known: bool = False) -> str | None:
     """Which rank died first, and how, from the engine launchers' output of ``cluster`` (an
     ``ipyparallel.Cluster``); ``None`` when they report no death. ``first_pid``: the engine process
     this host saw end first and alone, if any (:class:`mpinb.client._exits.ExitOrder`);
     ``together``: the engine processes it found ended at once instead, whose order nothing else
     tells (their nannies log in whatever order a loaded host runs them): the report names them
-    all rather than guess one, unless a rank's own Python reported a fatal signal. The signal
+    all rather than guess one, unless a rank's own Python reported a fatal signal. ``known``: the
+    controller already knows an engine died (it no longer lists it), so the launcher's words of it
+    are on their way and are waited for (up to :data:`_DEATH_NEWS_WAIT` seconds). The signal
     a rank's own Python reported (a native abort, a segfault) and its last lines of stderr come
     from the relayed output (:mod:`mpinb.client._engine_output`)."""
     relays = relays_of(cluster)
-    give_up = time.monotonic() + _DEATH_REPORT_WAIT
+    began, seen = time.monotonic(), None
     while True:
         text = _launcher_text(cluster, relays)
-        if not NANNY_SAW_EXIT.search(text) or LAUNCHER_SAW_EXIT.search(text) or time.monotonic() > give_up:
-            break
+        now = time.monotonic()
+        if NANNY_SAW_EXIT.search(text):
+            seen = now if seen is None else seen
+            if LAUNCHER_SAW_EXIT.search(text) or now - seen > _DEATH_REPORT_WAIT:
+                break
+        elif not known or now - began > _DEATH_NEWS_WAIT:
+            break  # no death logged (yet): nothing to report
         time.sleep(0.05)
     said = {rank: told for rank in range(len(ids_by_rank)) if (told := _last_words(relays, rank))[1]}
     if first_pid is None:

@@ -229,7 +229,9 @@ class MPICluster:
                 return lost
         first = self._exits.first(self._engine_pids) if self._exits is not None else None
         together = self._exits.together(self._engine_pids) if self._exits is not None else set()
-        return _health.deaths(self.cluster, self._ids_by_rank, self._engine_pids, first, together)
+        known = self.client is not None and len(_health.registered(self.client, self._ids_by_rank)) < len(
+            self._ids_by_rank)  # the controller already lists fewer engines: one died
+        return _health.deaths(self.cluster, self._ids_by_rank, self._engine_pids, first, together, known)
 
     def on_start(self, code: str) -> None:
         """Run ``code`` on every engine now, and again on the fresh engines after every :meth:`restart`. Client.

@@ -117,3 +117,34 @@ def test_ranks_that_ended_together_are_named_together_not_guessed() -> None:
     told = _Cluster(_Relay(text, {1: ("SIGSEGV", ["Fatal Python error: Segmentation fault"])}))
     said = deaths(told, [0, 1], [4711, 4712], None, {4711, 4712})
     assert said is not None and said.startswith("rank 1 (engine 1, pid 4712) died (SIGSEGV)"), said
+
+
+class _LateRelay(_Relay):
+    """A relay whose nannies' lines arrive ``after`` seconds from now (a loaded host)."""
+
+    def __init__(self, text: str, after: float) -> None:
+        super().__init__(text)
+        import time
+
+        self.at = time.monotonic() + after
+
+    def recent(self) -> str:
+        import time
+
+        return self.text if time.monotonic() >= self.at else ""
+
+
+def test_a_death_the_controller_knows_waits_for_the_launcher_s_words() -> None:
+    # CI: a %%px cell's EngineError was rendered before the dead engine's nanny line had come through
+    # mpiexec's output, and named no rank. When the controller already lists fewer engines, the
+    # report waits for the words (here 0.3 s late); when it does not, nothing died: no wait.
+    import time
+
+    from mpinb.client._health import deaths
+
+    text = NANNIES + "=   PID 4712 RUNNING AT vm\n=   EXIT CODE: 9\n"
+    said = deaths(_Cluster(_LateRelay(text, 0.3)), [0, 1], [4711, 4712], 4712, set(), known=True)
+    assert said is not None and said.startswith("rank 1 (engine 1, pid 4712) died"), said
+    t0 = time.monotonic()
+    assert deaths(_Cluster(_LateRelay(text, 0.3)), [0, 1], [4711, 4712], None, set(), known=False) is None
+    assert time.monotonic() - t0 < 0.2
