@@ -72,8 +72,8 @@ class ExitOrder:
         wanted = set(pids)
         with self._lock:
             for ended in self._rounds:
-                if ended & wanted:
-                    return ended & wanted
+                if found := ended & wanted:
+                    return found
             mine = {fd: pid for fd, pid in self._fds.items() if pid in wanted}
             if not mine:
                 return set()

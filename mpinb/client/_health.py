@@ -16,6 +16,8 @@ from mpinb.client._launcher_output import read_output, relays_of
 
 __all__ = ["Health", "ask_every_engine", "deaths", "registered"]
 
+# What every death report ends with.
+_AFTER = "; MPI ended the other ranks with it: cluster.restart() starts a fresh set of engines."
 _DEATH_REPORT_WAIT = 1.0  # seconds mpiexec's report (with the signal) may follow the nannies'
 # Seconds the nannies' words of a death the controller already knows may take to come through the
 # launcher's output (the nanny tells the controller and writes its log at the same moment; on a
@@ -132,8 +134,7 @@ def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_p
         engines = ", ".join(str(ids_by_rank[rank]) for rank in ranks)
         numbers = ", ".join(str(engine_pids[rank]) for rank in ranks)
         return (f"one of {_ranks(ranks)} (engines {engines}; pids {numbers}) died first: they ended too close "
-                "together for this host to tell which; MPI ended the other ranks with it: cluster.restart() "
-                "starts a fresh set of engines.")
+                f"together for this host to tell which{_AFTER}")
     found: list[str] = []
     quoted: list[str] = []
     for engine, pid, how in engine_deaths(text, first_pid):
@@ -148,8 +149,7 @@ def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_p
             quoted += [f"Rank {rank}'s last lines on stderr:", *(f"    {line}" for line in lines)]
     if not found:
         return None
-    return "\n".join(["; ".join(found) + "; MPI ended the other ranks with it: cluster.restart() starts a fresh set "
-                      "of engines.", *quoted])
+    return "\n".join(["; ".join(found) + _AFTER, *quoted])
 
 
 def _launcher_text(cluster: Any, relays: list[Any]) -> str:

@@ -18,7 +18,6 @@ from mpinb.client._ipp import group_composite_errors, stamp_cells
 from mpinb.client._lifecycle import Joined, Owned, tracked_pids
 from mpinb.client._options import LaunchOptions
 from mpinb.client._tracebacks import remember_ranks
-from mpinb.client.monitor import keep_rank_messages
 
 if TYPE_CHECKING:
     from mpinb.client.monitor import RankMonitor
@@ -403,6 +402,8 @@ class MPICluster:
         self.client._mpinb_tell = _weak_tell(self)
         # mpinb's collective set-up (and each rank's thread budget) now, on every engine together.
         self._devices = list(self.view.apply_sync(_engine.set_up, self._path.started_by_mpinb, self._path.one_machine))
+        from mpinb.client.monitor import keep_rank_messages
+
         keep_rank_messages(self.client)  # before the ranks publish: none of their messages is lost
         self.view.apply_sync(_progress.start)  # each rank publishes its state for monitor(), from now on
         if self._path.started_by_mpinb:  # a rank killed by a fatal signal names it, and its last words (deaths())
