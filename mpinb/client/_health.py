@@ -14,7 +14,7 @@ from mpinb._words import ranks as _ranks
 from mpinb.client._ipp import LAUNCHER_SAW_EXIT, NANNY_SAW_EXIT, engine_deaths
 from mpinb.client._launcher_output import read_output, relays_of
 
-__all__ = ["Health", "ask_every_engine", "deaths", "registered"]
+__all__ = ["Health", "ask_every_engine", "deaths", "output_flows", "registered"]
 
 # What every death report ends with.
 _AFTER = "; MPI ended the other ranks with it: cluster.restart() starts a fresh set of engines."
@@ -23,6 +23,7 @@ _DEATH_REPORT_WAIT = 1.0  # seconds mpiexec's report (with the signal) may follo
 # launcher's output (the nanny tells the controller and writes its log at the same moment; on a
 # loaded CI host the cell's error was once rendered before the log arrived, naming no rank).
 _DEATH_NEWS_WAIT = 3.0
+_OUTPUT_PROBE_EVERY = 0.5  # seconds between probes of an engine whose output has not been heard yet
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,38 @@ def ask_every_engine(client: Any, ids_by_rank: list[int], timeout: float) -> Hea
         except Exception:  # noqa: BLE001
             pass
     return Health(answered=answered, silent=silent, seconds=time.perf_counter() - t0, dead=sorted(dead))
+
+
+def output_flows(client: Any, ids_by_rank: list[int], timeout: float) -> None:
+    """Return once every rank's engine has been heard on its output channel; raise ``RuntimeError``
+    naming the ranks not heard within ``timeout`` seconds.
+
+    An engine's output (its prints, the tracebacks of its errors, and the ``idle`` status that ends
+    each request's output) reaches the client through ZMQ publish sockets, which drop what they send
+    before their subscriber's subscription has arrived. An engine connects its output socket last,
+    so on a loaded host it can answer requests before its output is heard: ipyparallel's
+    ``execute(block=True)`` then waited forever for the lost ``idle``. Each rank not heard yet gets
+    a new probe (a request that does nothing) every half second until one probe's output arrives,
+    as jupyter_client waits for a kernel's IOPub before it calls the kernel ready."""
+    deadline = time.monotonic() + timeout
+    probes: dict[int, list[Any]] = {rank: [] for rank in range(len(ids_by_rank))}
+    last_sent = dict.fromkeys(probes, -float("inf"))
+    while True:
+        unheard = [rank for rank, sent in probes.items() if not any(ar.wait_for_output(0) for ar in sent)]
+        if not unheard:
+            return
+        now = time.monotonic()
+        if now >= deadline:
+            raise RuntimeError(
+                f"the engines of {_ranks(unheard)} answer requests, but their output (prints, errors, the end "
+                f"of each request) has not reached this client in {timeout:.0f} s: ipyparallel's IOPub channel "
+                "from the engines through the controller does not deliver (a firewall between the hosts, or "
+                "an engine on another controller's ports?).")
+        for rank in unheard:
+            if now - last_sent[rank] >= _OUTPUT_PROBE_EVERY:
+                probes[rank].append(client[ids_by_rank[rank]].apply_async(_rank_here))
+                last_sent[rank] = now
+        time.sleep(0.005)
 
 
 def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_pid: int | None = None,

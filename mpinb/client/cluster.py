@@ -387,6 +387,8 @@ class MPICluster:
                 "start them with `ipcluster start --engines=MPI` or MPICluster()."
             )
         self._ids_by_rank = [eid for eid, _ in sorted(by_eid.items(), key=lambda item: item[1]["rank"])]
+        # Before any request waits for its output: a fresh engine's output can be dropped for a moment.
+        _health.output_flows(self.client, self._ids_by_rank, self.timeout)
         self._engine_pids = [by_eid[eid]["pid"] for eid in self._ids_by_rank]
         self._engine_hosts = [by_eid[eid]["host"] for eid in self._ids_by_rank]
         if self._exits is None:

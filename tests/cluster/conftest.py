@@ -19,6 +19,7 @@ os.environ["IPYTHONDIR"] = _IPYTHONDIR
 os.environ.setdefault("IPP_NONINTERACTIVE", "1")
 
 PERMUTED_ENGINE = str(Path(__file__).parent / "permuted_engine.py")
+LATE_OUTPUT_ENGINE = str(Path(__file__).parent / "late_output_engine.py")
 
 
 def cluster_processes() -> list[psutil.Process]:

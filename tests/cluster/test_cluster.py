@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from conftest import PERMUTED_ENGINE
+from conftest import LATE_OUTPUT_ENGINE, PERMUTED_ENGINE
 
 import mpinb
 
@@ -152,6 +152,17 @@ def test_gather_orders_by_rank_when_engine_ids_are_permuted() -> None:
         assert cluster.pull("lo") == [0, 3, 6, 8]  # balanced shards, by rank
         pids = cluster._tracked_pids()
     assert pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_the_first_cell_shows_its_output_when_the_engines_output_joins_late() -> None:
+    # Each engine's output channel joins the controller 3 s after the engine could answer
+    # (late_output_engine.py): what an engine sends before it is dropped. Without the start's wait,
+    # the first cell's result came back and its output never did: execute(block=True) hung.
+    config = {"MPIEngineSetLauncher": {"engine_cmd": [sys.executable, LATE_OUTPUT_ENGINE]}}
+    with mpinb.MPICluster(n=2, config=config, env={"MPINB_TEST_IOPUB_DELAY": "8"}) as cluster:
+        ar = cluster.view.execute("import mpinb; print('rank', mpinb.world().rank)", block=False)
+        assert ar.wait_for_output(timeout=30)
+        assert ar.stdout == ["rank 0\n", "rank 1\n"]
 
 
 def test_failure_inside_the_block_still_stops_everything() -> None:
