@@ -115,13 +115,21 @@ def output_flows(client: Any, ids_by_rank: list[int], timeout: float) -> None:
         unheard = [rank for rank, sent in probes.items() if not any(ar.wait_for_output(0) for ar in sent)]
         if not unheard:
             return
+        for rank in unheard:
+            for ar in probes[rank]:
+                if ar.ready() and not ar.successful():
+                    ar.get()  # the engine died or failed: its error, not a wait for its output
         now = time.monotonic()
         if now >= deadline:
+            answered = [rank for rank in unheard if any(ar.ready() for ar in probes[rank])]
+            silent = [rank for rank in unheard if rank not in answered]
+            if silent:
+                raise RuntimeError(f"the engines of {_ranks(silent)} did not answer within {timeout:.0f} s of "
+                                   "registering: busy, or stopped by the host.")
             raise RuntimeError(
-                f"the engines of {_ranks(unheard)} answer requests, but their output (prints, errors, the end "
+                f"the engines of {_ranks(answered)} answer requests, but their output (prints, errors, the end "
                 f"of each request) has not reached this client in {timeout:.0f} s: ipyparallel's IOPub channel "
-                "from the engines through the controller does not deliver (a firewall between the hosts, or "
-                "an engine on another controller's ports?).")
+                "from the engines through the controller does not deliver (a firewall between the hosts?).")
         for rank in unheard:
             if now - last_sent[rank] >= _OUTPUT_PROBE_EVERY:
                 probes[rank].append(client[ids_by_rank[rank]].apply_async(_rank_here))

@@ -376,6 +376,11 @@ class MPICluster:
     def _identify(self, ids: list[int]) -> None:
         """Learn which engine is which rank, check they form one world, and set every engine up."""
         _roles.note_cluster(self)  # from now on, a collective typed in this client raises (mpinb._roles)
+        from mpinb.client.monitor import keep_rank_messages
+
+        # Early: before the ranks publish (from _progress.start on), so none of their messages is
+        # lost, and before mpinb's requests, so few are in flight while the client's metadata is replaced.
+        keep_rank_messages(self.client)
         view = self.client.direct_view(targets=ids)
         found = view.apply_sync(_engine.identity)
         by_eid = dict(zip(ids, found, strict=True))
@@ -404,9 +409,6 @@ class MPICluster:
         self.client._mpinb_tell = _weak_tell(self)
         # mpinb's collective set-up (and each rank's thread budget) now, on every engine together.
         self._devices = list(self.view.apply_sync(_engine.set_up, self._path.started_by_mpinb, self._path.one_machine))
-        from mpinb.client.monitor import keep_rank_messages
-
-        keep_rank_messages(self.client)  # before the ranks publish: none of their messages is lost
         self.view.apply_sync(_progress.start)  # each rank publishes its state for monitor(), from now on
         if self._path.started_by_mpinb:  # a rank killed by a fatal signal names it, and its last words (deaths())
             from mpinb.client._engine_output import fatal_signals_to_launcher, grab_fd
