@@ -102,7 +102,7 @@ PLAN: tuple[tuple[tuple[str, ...], ...], ...] = (
 GPU_SHARED_LIMIT_MB = "4000"
 # The cluster tier's first shard (the rest is the second): about half of its time each.
 CLUSTER_FIRST_SHARD = ("test_cells.py", "test_reliability.py", "test_scale.py", "test_recovery.py",
-                       "test_private.py", "test_monitor.py")
+                       "test_private.py", "test_monitor.py", "test_soak.py", "test_watchdog.py")
 # How many of the slowest tests each tier reports (MPINB_TEST_DURATIONS=0: all of them).
 DURATIONS = f"--durations={os.environ.get('MPINB_TEST_DURATIONS', '12')}"
 
