@@ -156,7 +156,10 @@ def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_p
         now = time.monotonic()
         if NANNY_SAW_EXIT.search(text):
             seen = now if seen is None else seen
-            if LAUNCHER_SAW_EXIT.search(text) or now - seen > _DEATH_REPORT_WAIT:
+            # The first's own nanny line too, when this host knows which ended first: the launcher
+            # may report before it, and it carries the engine's id.
+            heard_first = first_pid is None or any(int(m["pid"]) == first_pid for m in NANNY_SAW_EXIT.finditer(text))
+            if (LAUNCHER_SAW_EXIT.search(text) and heard_first) or now - seen > _DEATH_REPORT_WAIT:
                 break
         elif not known or now - began > _DEATH_NEWS_WAIT:
             break  # no death logged (yet): nothing to report
@@ -178,7 +181,8 @@ def deaths(cluster: Any, ids_by_rank: list[int], engine_pids: list[int], first_p
                 f"together for this host to tell which{_AFTER}")
     found: list[str] = []
     quoted: list[str] = []
-    for engine, pid, how in engine_deaths(text, first_pid):
+    first_engine = ids_by_rank[engine_pids.index(first_pid)] if first_pid in engine_pids else None
+    for engine, pid, how in engine_deaths(text, first_pid, first_engine):
         rank = ids_by_rank.index(engine) if engine in ids_by_rank else None
         if rank is None and pid in engine_pids:
             rank = engine_pids.index(pid)

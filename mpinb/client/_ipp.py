@@ -331,20 +331,28 @@ _PRTERUN_NAMES = re.compile(r"process rank (?P<rank>\d+) with PID (?P<pid>\d+) o
                             r"signal (?P<signal>\d+)")
 
 
-def engine_deaths(text: str, first_pid: int | None = None) -> list[tuple[int, int, str]]:
+def engine_deaths(text: str, first_pid: int | None = None,
+                  first_engine: int | None = None) -> list[tuple[int, int, str]]:
     """``(engine id, pid, how)`` of the engine that died first, from the engine launcher's output:
     the engine of ``first_pid`` when it is known (the kernel saw it end first, see ``_exits``, or
-    its own Python reported a fatal signal), else the first whose nanny logged. ``how`` is Hydra's
-    word on that process, when Hydra's report names it."""
+    its own Python reported a fatal signal), else the first whose nanny logged. ``first_engine``:
+    ``first_pid``'s engine id, which names it even before its nanny's line has come through (the
+    launcher's output carries the nannies' lines in whatever order a loaded host runs them).
+    ``how`` is Hydra's word on that process, when Hydra's report names it."""
     import signal as _signal
 
     ended = list(NANNY_SAW_EXIT.finditer(text))
     if not ended:
         return []
-    first = next((m for m in ended if int(m["pid"]) == first_pid), ended[0])
+    first = next((m for m in ended if int(m["pid"]) == first_pid), None)
+    if first is not None or first_pid is None or first_engine is None:
+        first = first or ended[0]
+        engine, pid = int(first["engine"]), int(first["pid"])
+    else:
+        engine, pid = first_engine, first_pid
     how = "its process ended"
     named = _HYDRA_NAMES.search(text)
-    if named is not None and int(named["pid"]) == int(first["pid"]):
+    if named is not None and int(named["pid"]) == pid:
         # Hydra's report is about this process: its signal if the job's exit string gives one.
         how = f"exit code {named['code']}"
         for m in ENGINE_EXIT.finditer(text):
@@ -357,7 +365,7 @@ def engine_deaths(text: str, first_pid: int | None = None) -> list[tuple[int, in
                 break
     for said in _PRTERUN_NAMES.finditer(text):
         engines = set(re.findall(rf"\[IPEngine\.{said['rank']}\.(\d+)\]", text)) if said["pid"] == "0" else set()
-        if int(said["pid"]) == int(first["pid"]) or engines == {first["engine"]}:
+        if int(said["pid"]) == pid or engines == {str(engine)}:
             number = int(said["signal"])
             how = _signal.Signals(number).name if number in set(_signal.Signals) else f"signal {number}"
-    return [(int(first["engine"]), int(first["pid"]), how)]
+    return [(engine, pid, how)]

@@ -270,6 +270,10 @@ def test_the_first_engine_to_end_is_the_one_named_with_mpis_signal() -> None:
     # The kernel's order, where this host saw it, outranks the nannies' (they race on a loaded host).
     assert engine_deaths(log, first_pid=4711) == [(0, 4711, "SIGKILL")]
     assert engine_deaths(log, first_pid=999) == [(3, 4712, "its process ended")]
+    # ...even before the first's own nanny line has come through the launcher's output.
+    rank0_only = log.split("\n", 1)[1]
+    assert engine_deaths(rank0_only, first_pid=4712, first_engine=3) == [(3, 4712, "its process ended")]
+    assert engine_deaths(rank0_only, first_pid=4712) == [(0, 4711, "SIGKILL")]  # no engine id: the nannies' word
 
 
 def test_an_interrupt_while_ipython_shows_a_cells_error_keeps_that_error(capsys) -> None:

@@ -119,6 +119,21 @@ def test_ranks_that_ended_together_are_named_together_not_guessed() -> None:
     assert said is not None and said.startswith("rank 1 (engine 1, pid 4712) died (SIGSEGV)"), said
 
 
+def test_the_rank_this_host_saw_end_first_is_named_before_its_nanny_s_line_arrives() -> None:
+    # CI, MPICH on a loaded host: rank 1 was SIGKILLed and this host saw it end first; mpiexec's
+    # report (about rank 0, which it killed with SIGKILL after) and rank 0's nanny line came through
+    # the launcher's output before rank 1's nanny line, and the report named rank 0.
+    from mpinb.client._health import deaths
+
+    rank0_only = NANNIES.splitlines(keepends=True)[1] + "=   PID 4711 RUNNING AT vm\n=   EXIT CODE: 9\n"
+    said = deaths(_Cluster(_Relay(rank0_only)), [0, 1], [4711, 4712], 4712, set())
+    assert said is not None and said.startswith("rank 1 (engine 1, pid 4712) died; "), said
+    # With rank 1's line there, Hydra's word on it.
+    said = deaths(_Cluster(_Relay(NANNIES + "=   PID 4712 RUNNING AT vm\n=   EXIT CODE: 9\n")), [0, 1], [4711, 4712],
+                  4712, set())
+    assert said is not None and said.startswith("rank 1 (engine 1, pid 4712) died (exit code 9)"), said
+
+
 class _LateRelay(_Relay):
     """A relay whose nannies' lines arrive ``after`` seconds from now (a loaded host)."""
 
