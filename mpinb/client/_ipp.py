@@ -344,12 +344,12 @@ def engine_deaths(text: str, first_pid: int | None = None,
     ended = list(NANNY_SAW_EXIT.finditer(text))
     if not ended:
         return []
-    first = next((m for m in ended if int(m["pid"]) == first_pid), None)
-    if first is not None or first_pid is None or first_engine is None:
-        first = first or ended[0]
-        engine, pid = int(first["engine"]), int(first["pid"])
+    logged = next((m for m in ended if int(m["pid"]) == first_pid), None)
+    if logged is None and first_pid is not None and first_engine is not None:
+        engine, pid = first_engine, first_pid  # known first, its nanny's line not here yet
     else:
-        engine, pid = first_engine, first_pid
+        logged = logged or ended[0]
+        engine, pid = int(logged["engine"]), int(logged["pid"])
     how = "its process ended"
     named = _HYDRA_NAMES.search(text)
     if named is not None and int(named["pid"]) == pid:
